@@ -136,7 +136,7 @@ record_machine() {
 # nvcc builds are most of the time; each variant's table printed as it is done
 verify_cuda() {
     "$PY" -c "import sys; from moagen.kernels import get_kernel
-for k in sys.argv[1:]: print(*(f'{k} {v}' for v in get_kernel(k).variants), sep='\n')" \
+for k in sys.argv[1:]: print(*(f'{k} {v}' for v in get_kernel(k).variants_on('cuda')), sep='\n')" \
         $VERIFY_KERNELS |
         xargs -P "$JOBS" -L 1 sh -c '"$0" -m moagen.cli verify --lang "$CUDA" "$1" --variant "$2" \
             > "$WORK/verify/$1-$2.txt" 2>&1 || echo "$1 $2" >> "$WORK/verify/failed"

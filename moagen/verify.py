@@ -101,13 +101,18 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
 def run(kernels=None, langs=None, variants=None, dtypes=DTYPES,
         load=partial(runtime.load, tuned=False)):
     """Yield a Row per kernel x variant x language (by default those that run here) x dtype
-    x sizes; each variant with the defaults of its target, as generated/ holds it."""
+    x sizes; each variant with the defaults of its target, as generated/ holds it. Unnamed,
+    the variants are those that run on the language's kind; a named one on a kind it does
+    not run on is an error, before the kernel's first row."""
+    kinds = {lang: get_target(lang).kind for lang in langs or default_langs()}
     for name in kernels or KERNELS:
         kernel = get_kernel(name)
         name = kernel.name  # an alias (attention_fwd_vjp) runs as the kernel it names
-        for variant in variants or kernel.variants:
-            kernel.variant(variant)
-            for lang in langs or default_langs():
+        for variant in variants or ():
+            for kind in kinds.values():
+                kernel.variant(variant, kind)
+        for lang, kind in kinds.items():
+            for variant in variants or kernel.variants_on(kind):
                 for dtype in dtypes:
                     for sizes in kernel.check.sizes:
                         yield check_case(name, variant, lang, dtype, sizes, load)

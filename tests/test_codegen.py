@@ -22,11 +22,12 @@ from moagen.onf.realize import realize
 from moagen.pipeline import onf_of
 from moagen.targets import LANGS, TARGETS
 
-VARIANTS = [(k.name, v) for k in KERNELS.values() for v in k.variants]
+# each language's variants: those of its kind (CUDA's tensor cores in CUDA alone)
+SOURCES = [(k.name, v, lang) for k in KERNELS.values() for lang in LANGS
+           for v in k.variants_on(TARGETS[lang].kind)]
 
 
-@pytest.mark.parametrize("kernel,variant", VARIANTS)
-@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("kernel,variant,lang", SOURCES)
 def test_generated_sources_match_the_generator(kernel, variant, lang):
     committed = GENERATED / filename(kernel, variant, lang)
     assert committed.is_file(), f"{committed} is missing: run `make generated`"
@@ -36,7 +37,8 @@ def test_generated_sources_match_the_generator(kernel, variant, lang):
 
 # a composite's CUDA is its stages' kernels, each compiled for every arch as a kernel of its
 # own: the composite for the newest arch only
-CUDA_BUILDS = [(kernel, variant, arch) for kernel, variant in VARIANTS for arch in CUDA_ARCHS
+CUDA_BUILDS = [(kernel, variant, arch) for kernel, variant, lang in SOURCES if lang == "cuda"
+               for arch in CUDA_ARCHS
                if arch == CUDA_ARCHS[-1] or not isinstance(KERNELS[kernel], CompositeKernel)]
 
 

@@ -23,7 +23,7 @@ from moagen.onf.interpret import index_fn
 from moagen.onf.loops import ONF, Buffer, Loop, Nest, Store
 
 B, H, N, D = (sym(s) for s in ("batch", "heads", "n", "d"))
-VARIANTS = [(k.name, v) for k in KERNELS.values() for v in k.variants]
+VARIANTS = [(k.name, v) for k in KERNELS.values() for v in k.variants_on("cpu")]
 ATTENTION_KERNELS = [k for k in KERNELS if k.startswith("attention")]
 ATTENTION = dict(batch=1, heads=2, n=16, d=3)
 # small, and multiples of the tiles (64 keys online, 16 slices split): the counting view's
@@ -133,11 +133,9 @@ def brute_force(onf, sizes):
 # scratch row as disjoint (twice its elements written), the iterations touch it once. A
 # known over-count of M (docs/PERFORMANCE.md, "Known limits"), checked as that below, with
 # the rest of the flash form's count exact at sizes its tiles divide. The owner's forward is
-# in the flash form on a CPU (lanes > 0), and so is attention's tensor (flash's, but for
-# CUDA's products).
+# in the flash form on a CPU (lanes > 0).
 FLASH_FORM = {"flash", "owner"}
-EXACT = [(k, v) for k, v in VARIANTS if k not in COMPOSITES and v not in FLASH_FORM
-         and not (v == "tensor" and k.startswith("attention"))]
+EXACT = [(k, v) for k, v in VARIANTS if k not in COMPOSITES and v not in FLASH_FORM]
 
 
 @pytest.mark.parametrize("kernel,variant", EXACT)
@@ -242,8 +240,8 @@ def positive(e):
 def test_only_the_naive_forward_moves_n_squared(kernel):
     whole = lambda e: e.replace(idiv, lambda a, b: a / b)  # flash's panels: n // 16 tiles
     degree = {v: sympy.Poly(whole(model.predict(kernel, v).M), N).degree()
-              for v in KERNELS[kernel].variants}
-    assert degree == {"naive": 2, "dnf": 1, "online": 1, "flash": 1, "tensor": 1}
+              for v in KERNELS[kernel].variants_on("cpu")}
+    assert degree == {"naive": 2, "dnf": 1, "online": 1, "flash": 1}
     assert sympy.Poly(model.predict(kernel, "naive").M_min, N).degree() == 2
 
 
@@ -357,7 +355,7 @@ def test_cost_prints_f_m_scratch_and_atomics_of_every_variant(capsys, kernel):
     code, out, _ = run(capsys, "cost", kernel)
     assert code == 0
     blocks = out.split("\n\n")
-    for variant in KERNELS[kernel].variants:
+    for variant in KERNELS[kernel].variants_on("cpu"):
         block = next(b for b in blocks if f"{kernel}, variant {variant} " in b)
         labels = {line.split()[0] for line in block.splitlines()[1:] if line.startswith("  ") and line.split()}
         assert {"F", "M", "M_min", "scratch", "atomics"} <= labels

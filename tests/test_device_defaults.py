@@ -6,9 +6,12 @@ import types
 
 import pytest
 
+import moagen
 from moagen.cli import main
-from moagen.errors import SpecError
-from moagen.kernels import KERNELS, _kernel, get_kernel
+from moagen.commands.common import GENERATED
+from moagen.errors import SpecError, UnknownNameError
+from moagen.kernels import KERNELS, _kernel, get_kernel, stage_variant
+from moagen.kernels.tunable import Tunable
 from moagen.onf.signature import DTYPES
 from moagen.pipeline import onf_of
 from moagen.request import resolve
@@ -39,7 +42,29 @@ def test_list_shows_what_cuda_runs(capsys):
     assert main(["list"]) == 0
     lines = {line.split(":")[0].split(" ")[0]: line for line in capsys.readouterr().out.splitlines()}
     assert all(lines[k].endswith("; on cuda: tensor") for k in GEMMS + ATTENTION)
+    assert all(", tensor (cuda only) " in lines[k] for k in GEMMS + ATTENTION)
     assert "; on cuda" not in lines["attention_bwd"]
+
+
+@pytest.mark.parametrize("lang", ("c", "fortran", "openacc-c"))
+def test_the_tensor_variants_are_refused_off_cuda(lang, capsys):
+    """Tensor cores are CUDA's: elsewhere a clear error naming the variants that run
+    there, from resolve (so moagen.load and emit) and the command line; none is emitted to
+    generated/ but its CUDA; OpenACC, which takes CUDA's defaults, runs its first variant
+    where none is named."""
+    kind = "cpu" if lang in ("c", "fortran") else "openacc"
+    refused = (f"attention_fwd tensor runs on cuda only, not on target kind {kind}; its "
+               "variants on it: naive, dnf, online, flash")
+    with pytest.raises(UnknownNameError, match=refused):
+        resolve("attention_fwd", "tensor", lang)
+    with pytest.raises(UnknownNameError, match=refused):
+        moagen.load("attention_fwd", "tensor", lang)
+    assert main(["emit", "attention_fwd", "--variant", "tensor", "--lang", lang]) == 2
+    assert refused in capsys.readouterr().err
+    for kernel in GEMMS + ATTENTION:
+        assert "tensor" not in get_kernel(kernel).variants_on(kind)
+        assert get_kernel(kernel).default_variant(kind) != "tensor"
+        assert [p.name for p in GENERATED.glob(f"{kernel}_tensor.*")] == [f"{kernel}_tensor.cu"]
 
 
 def test_a_default_that_is_no_variant_is_refused():
@@ -52,11 +77,17 @@ def test_a_default_that_is_no_variant_is_refused():
         _kernel(module, spec, variants)
 
 
+def test_a_variant_of_an_unknown_kind_is_refused():
+    with pytest.raises(UnknownNameError, match="unknown target kind 'tpu'"):
+        Tunable(frozenset(), lambda: None, {}, {}, kinds=("tpu",))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_block_runs_its_gemm_stages_as_the_target_does(dtype):
     """The block's stages on CUDA run their kernels' CUDA defaults (tensor cores for the
     GEMMs; verified with the rest of the block: moagen verify block_fwd --lang cuda
-    --emulate); on a CPU the variants the composite names."""
+    --emulate); on a CPU and OpenACC (CUDA's defaults, no tensor cores) the variants the
+    composite names."""
     on_cuda = set(onf_of("block_fwd", target="cuda", dtype=dtype).schedule)
     assert {"qkv = qkv_proj tensor", "attn = attention_fwd tensor", "out = out_proj tensor",
             "mlp = mlp_fwd tensor"} <= on_cuda
@@ -64,6 +95,8 @@ def test_the_block_runs_its_gemm_stages_as_the_target_does(dtype):
     on_cpu = set(onf_of("block_fwd", dtype=dtype).schedule)
     assert {"qkv = qkv_proj tiled", "attn = attention_fwd flash", "out = out_proj tiled",
             "mlp = mlp_fwd tiled"} <= on_cpu
+    for stage in get_kernel("block_fwd").composite.stages:
+        assert stage_variant(stage, "openacc", dtype) == stage.variant
 
 
 @pytest.mark.parametrize("dtype", ("float64", "float32"))

@@ -106,7 +106,7 @@ PROBLEMS = {  # inputs at tiny odd sizes, scalars, the numpy result
     "attention_gqa_bwd_causal": (_gqa_backward_inputs(), {"scale": 0.45},
                                  lambda *args: _gqa_bwd_reference(*args, causal=True)),
 }
-VARIANTS = [(k, v) for k in PROBLEMS for v in get_kernel(k).variants]
+VARIANTS = [(k, v) for k in PROBLEMS for v in get_kernel(k).variants_on("cpu")]
 # and schedules the defaults do not take: the owner's dQ added from the key rows' pass, in
 # two parts and in four (n = 5: parts of two keys and of one), rows and keys cutting them
 SCHEDULES = [(k, v, None) for k, v in VARIANTS] + [
@@ -294,7 +294,7 @@ def _arrays_touched(onf):
     return touched
 
 
-@pytest.mark.parametrize("variant", get_kernel("attention_fwd").variants)
+@pytest.mark.parametrize("variant", get_kernel("attention_fwd").variants_on("cpu"))
 def test_only_naive_attention_has_n_by_n_temporaries(variant):
     onf = realize(_dnf("attention_fwd", variant), variant,
                   get_kernel("attention_fwd").variant(variant).steps())
@@ -302,11 +302,9 @@ def test_only_naive_attention_has_n_by_n_temporaries(variant):
     temps = {t.name for t in onf.temps}
     if variant == "naive":
         assert square == {"scores", "probs"} == temps
-    else:  # online: one block of keys' scores per query row; flash (and tensor, flash on
-        # a CPU): and K and V in panels
-        scratch = {"online": {"probs"}, "flash": {"probs", "K_panel", "V_panel"},
-                   "tensor": {"probs", "K_panel", "V_panel"}}.get(variant, set())
-        assert square == set() and temps == scratch
+    else:  # online: one block of keys' scores per query row; flash: and K and V in panels
+        scratch = {"online": {"probs"}, "flash": {"probs", "K_panel", "V_panel"}}
+        assert square == set() and temps == scratch.get(variant, set())
     assert _arrays_touched(onf) == {"Q", "K", "V", "O", "lse"} | temps
 
 

@@ -14,7 +14,7 @@ from moagen.pipeline import onf_of
 from moagen.targets import of_kind
 
 CASES = [(k.name, v, lang, dtype, sizes)
-         for k in KERNELS.values() for v in k.variants for lang in of_kind("cpu")
+         for k in KERNELS.values() for v in k.variants_on("cpu") for lang in of_kind("cpu")
          for dtype in DTYPES for sizes in k.check.sizes]
 
 

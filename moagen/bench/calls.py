@@ -36,15 +36,24 @@ def lengths(kernel: str, quick: bool):
     return _bench(kernel).lengths(quick)
 
 
-def targets(items):
-    """KERNEL[:VARIANT] -> [(kernel, variant)], every variant when none is named."""
+def targets(items, langs):
+    """KERNEL[:VARIANT] -> [(kernel, variant)] measured in each of these languages: every
+    variant that runs on all their kinds when none is named; a named one is refused on a
+    kind it does not run on (CUDA's tensor cores in C)."""
     from moagen.kernels import get_kernel
+    from moagen.targets import get_target
+    kinds = {get_target(lang).kind for lang in langs}
     out = []
     for item in items:
         name, _, variant = item.partition(":")
         kernel = get_kernel(name)
-        out += [(kernel.name, kernel.variant(variant).name)] if variant else \
-            [(kernel.name, v) for v in kernel.variants]
+        if variant:
+            for kind in kinds:
+                kernel.variant(variant, kind)
+            out.append((kernel.name, kernel.variant(variant).name))
+        else:
+            out += [(kernel.name, v) for v in kernel.variants
+                    if all(v in kernel.variants_on(kind) for kind in kinds)]
     return out
 
 

@@ -122,7 +122,7 @@ def main(args):
     """The CPU half of `moagen bench c-vs-fortran` (--target cpu)."""
     if args.ptx:
         raise UnknownNameError("--ptx is the device code of OpenACC: give --target openacc")
-    pairs = calls.targets(args.kernels or DEFAULT_KERNELS)
+    pairs = calls.targets(args.kernels or DEFAULT_KERNELS, LANGS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     rows = table(sweep.run(plan(pairs, args.n, args.repeats, LANGS), results))
     counts = {}

@@ -153,7 +153,7 @@ def main(args):
     from moagen.files import write_text
 
     given = {size: getattr(args, size) for size in DEFAULT_SIZES}
-    cases = [(name, v, sizes_for(name, given)) for name, v in targets(args.kernels)]
+    cases = [(name, v, sizes_for(name, given)) for name, v in targets(args.kernels, [args.lang])]
     start = time.perf_counter()
     records = []
     for name, variant, sizes in cases:

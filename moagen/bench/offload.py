@@ -145,7 +145,7 @@ def figure(records, path):
 
 
 def ptx_main(args):
-    pairs = calls.targets(args.kernels or KERNELS)
+    pairs = calls.targets(args.kernels or KERNELS, LANGS)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = []
     for kernel, variant in pairs:
@@ -160,7 +160,7 @@ def ptx_main(args):
 def timed_main(args):
     for lang in TIMED:  # refused up front without a GPU: the host fallback says nothing
         calls.check_impl(lang)
-    pairs = calls.targets(args.kernels or TIMED_KERNELS)
+    pairs = calls.targets(args.kernels or TIMED_KERNELS, TIMED)
     results = sweep.Results(args.out, ["moagen", *sys.argv[1:]])
     records = sweep.run(plan(pairs, args.n, args.repeats, TIMED), results)
     print(f"machine: {machine_summary(results.machine)}; {devices()} OpenACC device(s); "

@@ -34,7 +34,7 @@ def plan(kernels, langs, threads, dtype="float64", quick=False, lengths=None,
     from moagen.kernels import KERNELS
 
     variants = {}  # kernel -> its variants to run, in the order given
-    for kernel, variant in calls.targets(kernels or (QUICK_KERNELS if quick else KERNELS)):
+    for kernel, variant in calls.targets(kernels or (QUICK_KERNELS if quick else KERNELS), langs):
         variants.setdefault(kernel, []).append(variant)
     langs = [calls.check_impl(lang, dry_run) for lang in langs]
     device = calls.device_of(langs)

@@ -29,8 +29,9 @@ def search(kernel: str, variant: str, lang: str, dtype: str, n: int, repeats: in
     as the bench's --size); the record of it."""
     from moagen.bench.timing import time_calls
     from moagen.kernels import get_kernel
+    from moagen.targets import get_target
 
-    v = get_kernel(kernel).variant(variant)
+    v = get_kernel(kernel).variant(variant, get_target(lang).kind)
     if not v.space:
         raise MoagenError(f"{kernel} {variant} has no schedule parameters to tune")
     tried = candidates(v)
@@ -80,6 +81,7 @@ def verify(kernel, variant, lang, dtype, params):
 
 def main(args):
     from moagen.kernels import CompositeKernel, get_kernel
+    from moagen.targets import get_target
 
     for kernel in map(get_kernel, args.kernels):
         if isinstance(kernel, CompositeKernel):
@@ -89,22 +91,25 @@ def main(args):
                               "choice")
     if args.threads:  # read by OpenMP when the first kernel loads, below
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    targets = [(k.name, name) for k in map(get_kernel, args.kernels)
-               for name, v in k.variants.items() if v.space
+    langs = args.lang or ["c"]
+    for k in map(get_kernel, args.kernels):  # a named variant refused where it does not run
+        for lang in langs if args.variant in k.variants else ():
+            k.variant(args.variant, get_target(lang).kind)
+    targets = [(k.name, name, lang) for k in map(get_kernel, args.kernels) for lang in langs
+               for name, v in k.variants_on(get_target(lang).kind).items() if v.space
                and (args.variant is None or name == args.variant)]
     if not targets:
         raise MoagenError("nothing to tune: none of these variants has schedule parameters")
     records = []
-    for kernel, variant in targets:
-        for lang in args.lang or ["c"]:
-            n = args.n or calls.lengths(kernel, quick=False)[-1]
-            r = search(kernel, variant, lang, args.dtype, n, args.repeats, dict(args.size))
-            records.append(r)
-            print(f"{kernel} {variant} {lang} {args.dtype} n={n} threads={r['threads']}")
-            for t in sorted(r["candidates"], key=lambda t: t["median_s"]):
-                mark = " <- chosen" if t["params"] == r["params"] else ""
-                default = " (default)" if t["params"] == r["defaults"] else ""
-                print(f"  {format_params(t['params']):<32} {t['median_s'] * 1e3:9.3f} ms{default}{mark}")
+    for kernel, variant, lang in targets:
+        n = args.n or calls.lengths(kernel, quick=False)[-1]
+        r = search(kernel, variant, lang, args.dtype, n, args.repeats, dict(args.size))
+        records.append(r)
+        print(f"{kernel} {variant} {lang} {args.dtype} n={n} threads={r['threads']}")
+        for t in sorted(r["candidates"], key=lambda t: t["median_s"]):
+            mark = " <- chosen" if t["params"] == r["params"] else ""
+            default = " (default)" if t["params"] == r["defaults"] else ""
+            print(f"  {format_params(t['params']):<32} {t['median_s'] * 1e3:9.3f} ms{default}{mark}")
     save(records, args.out)
     print(f"choices for {machine_key()} written to {args.out}")
     return 0

@@ -19,8 +19,8 @@ def run(args):
 
     for name in args.kernels or KERNELS:
         kernel = get_kernel(name)
-        for variant in kernel.variants:
-            for lang in args.lang or LANGS:
+        for lang in args.lang or LANGS:
+            for variant in kernel.variants_on(get_target(lang).kind):
                 compile_only = get_target(lang).compile_only
                 if compile_only:  # compiled for other machines too (CUDA: the GPUs we target)
                     for line in compile_only(emit(name, variant, lang), stem(name, variant)):

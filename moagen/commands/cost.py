@@ -55,8 +55,9 @@ def run(args):
     if args.ranks:
         return _over_ranks(args)
     kernel = get_kernel(args.kernel)
+    # every variant of the kind measured: the CPU's, or CUDA's with --cuda (its tensor cores)
     costs = [predict(kernel.name, kernel.variant(v).name, args.dtype)
-             for v in (args.variant or kernel.variants)]
+             for v in (args.variant or kernel.variants_on("cuda" if args.cuda else "cpu"))]
     points = _points(args.define, args.sweep)
     if args.cuda:  # the GPU's numbers need sizes: the bench's where -D gives none
         points = [_with_bench_sizes(kernel, p) for p in points or [{}]]

@@ -19,10 +19,10 @@ def every_source():
     """(file name, source) of every kernel, variant and language generated/ holds."""
     from moagen.emit import emit, filename
     from moagen.kernels import KERNELS
-    from moagen.targets import LANGS
+    from moagen.targets import LANGS, get_target
     for kernel in KERNELS.values():
-        for variant in kernel.variants:
-            for lang in LANGS:
+        for lang in LANGS:
+            for variant in kernel.variants_on(get_target(lang).kind):
                 yield filename(kernel.name, variant, lang), emit(kernel.name, variant, lang)
 
 

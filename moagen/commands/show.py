@@ -33,7 +33,9 @@ def run(args):
     from moagen.pipeline import onf_of
 
     kernel = get_kernel(args.kernel)
-    variant = kernel.variant(args.variant)
+    # the onf stage is a target kind's: the kind's default, or refused where it does not run
+    variant = kernel.variant(args.variant, args.target if args.stage == "onf" else None,
+                             args.dtype)
     if args.stage == "onf":
         params = dict(args.param)
         if args.upto is not None and args.upto < 0:

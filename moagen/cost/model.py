@@ -122,13 +122,17 @@ def _summed(e):
 
 def predict(kernel: str, variant: str = None, dtype: str = "float64", params=None) -> Cost:
     """The cost of the variant's ONF; params: schedule parameters over its defaults (the
-    owner's parts take three of its nine n x n x d products away)."""
+    owner's parts take three of its nine n x n x d products away). The ONF is the CPU's
+    where the variant runs there, else that of the first kind it runs on (CUDA's tensor
+    cores)."""
     return _predict(kernel, variant, dtype, param_pairs(params))
 
 
 @lru_cache(maxsize=None)
 def _predict(kernel, variant, dtype, params) -> Cost:
-    onf = onf_of(kernel, variant, params=params, dtype=dtype)
+    kinds = get_kernel(kernel).variant(variant).kinds
+    onf = onf_of(kernel, variant, params=params, dtype=dtype,
+                 target="cpu" if "cpu" in kinds else kinds[0])
     view = counting_view(onf)
     return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),
@@ -152,5 +156,7 @@ def _each_element_once(minimum, elements) -> Dict[str, Moved]:
     over-count an array (two index forms of it, taken disjoint: the owner's K read as j in
     the forward and as p + parts j_in in the key rows' pass), its size (as the counting view
     counts it) is the count."""
-    at_most = lambda n, array: elements[array] if at_least(n, elements[array]) else n
+    # a CUDA-only variant's block tiles (in shared memory) are no array the view sizes
+    at_most = lambda n, array: (elements[array] if array in elements
+                                and at_least(n, elements[array]) else n)
     return {a: Moved(at_most(m.read, a), at_most(m.written, a)) for a, m in minimum.items()}

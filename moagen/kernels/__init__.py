@@ -23,7 +23,7 @@ from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
 from moagen.moa.spec import KernelSpec
 from moagen.onf.signature import DTYPE_BYTES, DTYPES, check_dtype
-from moagen.kinds import DEFAULT_KINDS, get_kind
+from moagen.kinds import DEFAULT_KINDS, KINDS, get_kind
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,10 @@ class Variant:
     # dtype -> the CPU defaults it overrides where the compiler targets AVX-512 (Tunable)
     avx512: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     accepts: Optional[Callable[..., bool]] = None  # Tunable's
+    kinds: Tuple[str, ...] = tuple(KINDS)  # the target kinds it runs on (Tunable's)
+
+    def runs_on(self, kind: str) -> bool:
+        return get_kind(kind).name in self.kinds
 
     def defaults_for(self, target: str = "cpu", dtype: str = "float64") -> Dict[str, int]:
         target, dtype = get_kind(target).defaults, check_dtype(dtype)
@@ -66,23 +70,38 @@ class Variant:
 
 
 class _Variants:
-    def variant(self, name=None, target: str = "cpu", dtype: str = "float64"):
-        """The named variant; when name is None the target kind's default for the dtype
-        (default_variant)."""
+    def variants_on(self, kind: str) -> Dict[str, Variant]:
+        """The variants that run on a target kind, by name: what every enumeration of a
+        kernel's variants for a language lists."""
+        return {name: v for name, v in self.variants.items() if v.runs_on(kind)}
+
+    def variant(self, name=None, target: Optional[str] = None, dtype: str = "float64"):
+        """The named variant, refused where a target kind is given that it does not run on;
+        when name is None the kind's default for the dtype (default_variant; the CPU's where
+        no kind is given)."""
         if name is None:
-            return self.variants[self.default_variant(target, dtype)]
+            return self.variants[self.default_variant(target or "cpu", dtype)]
         if name not in self.variants:
             raise UnknownNameError(f"kernel {self.name} has no variant {name!r}; its variants: "
                                    f"{', '.join(self.variants)}")
+        if target and not self.variants[name].runs_on(target):
+            raise UnknownNameError(
+                f"{self.name} {name} runs on {' and '.join(self.variants[name].kinds)} only, "
+                f"not on target kind {get_kind(target).name}; its variants on it: "
+                f"{', '.join(self.variants_on(target))}")
         return self.variants[name]
 
     def default_variant(self, target: str = "cpu", dtype: str = "float64",
                         otherwise: str = None) -> str:
         """The variant a target kind runs where none is named: the module's DEVICE_DEFAULTS
-        entry for the kind and dtype (the CUDA GEMMs' tensor cores), else `otherwise`, else
-        the first."""
+        entry for the kind and dtype (the CUDA GEMMs' tensor cores) where that runs on the
+        kind (OpenACC takes CUDA's defaults, not its tensor cores), else `otherwise`, else
+        the first that runs there."""
         by_dtype = getattr(self, "device_defaults", {}).get(get_kind(target).defaults, {})
-        return by_dtype.get(check_dtype(dtype), otherwise or next(iter(self.variants)))
+        chosen = by_dtype.get(check_dtype(dtype))
+        if chosen and self.variants[chosen].runs_on(target):
+            return chosen
+        return otherwise or next(iter(self.variants_on(target)))
 
 
 @dataclass(frozen=True)
@@ -157,8 +176,8 @@ class CompositeKernel(_Variants):
 
 def stage_variant(stage, target: str, dtype: str) -> str:
     """The variant a composite's stage runs on a target kind: its kernel's default there
-    where the kernel's module declares one (DEVICE_DEFAULTS: CUDA's GEMMs on tensor cores),
-    else the one the stage names."""
+    where the kernel's module declares one that runs there (DEVICE_DEFAULTS: CUDA's GEMMs
+    on tensor cores, CUDA's alone), else the one the stage names."""
     return get_kernel(stage.kernel).default_variant(target, dtype, stage.variant)
 
 
@@ -195,7 +214,7 @@ def _declared(module, table, kernel):
 def _variant(name, entry):
     if isinstance(entry, Tunable):
         return Variant(name, entry.materialize, entry.build, entry.per_target(),
-                       dict(entry.space), dict(entry.avx512), entry.accepts)
+                       dict(entry.space), dict(entry.avx512), entry.accepts, entry.kinds)
     materialize, layers = entry
     return Variant(name, materialize, lambda: layers)
 

@@ -19,7 +19,8 @@ from moagen.steps.algebra.online import OnlineSoftmax
 from moagen.onf.names import loop_role
 from moagen.cuda_archs import WARP
 from moagen.errors import ScheduleError
-from moagen.kernels.gemm import PRECISION, TENSOR_CORES, TENSOR_DTYPES
+from moagen.kernels.gemm import PRECISION, TENSOR_CORES, TENSOR_DTYPES, TENSOR_KINDS
+from moagen.kinds import KINDS
 from moagen.steps.gpu.blocks import BlockTiles, ThreadPhases, ThreadTiles, UnrollInner
 from moagen.steps.gpu.mma import SHAPES, WarpMma, WarpTiles
 from moagen.steps.gpu.staging import RegisterTile, SharedScratch, Stage
@@ -257,7 +258,7 @@ def variants(causal: bool):
                           cuda={"rows": 4, "keys": 4}),
         "flash": flash_variant(causal),
         # flash with CUDA's two products on tensor cores (float64 DMMA, float32 3xTF32;
-        # tf32=1, one TF32 product, an opt-in); its C and Fortran are flash's
+        # tf32=1, one TF32 product, an opt-in); CUDA only
         "tensor": flash_variant(causal, tensor=True),
     }
 
@@ -280,7 +281,8 @@ def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False, tensor=False)
                    cuda_dtypes={d: {**FLASH_CUDA_DTYPES.get(d, {}), **TENSOR_DTYPES.get(d, {})}
                                 for d in ("float64", "float32")} if tensor
                    else FLASH_CUDA_DTYPES,
-                   dtypes=FLASH_DTYPES, avx512=FLASH_AVX512)
+                   dtypes=FLASH_DTYPES, avx512=FLASH_AVX512,
+                   kinds=TENSOR_KINDS if tensor else tuple(KINDS))
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

@@ -50,6 +50,9 @@ TENSOR = {"block_rows": 32, "block_cols": 64, "chunk": 16, "warps_y": 2, "warps_
           "tf32": 0}
 TENSOR_DTYPES = {"float32": {"tf32": 3}}
 TENSOR_SPLIT = {**TENSOR, "parts": 3}  # as GEMM_SPLIT
+# the kinds a tensor variant runs on (Tunable.kinds): CUDA's alone, the CPU and OpenACC
+# having no tensor cores (their tensor variant would be the tiled or flash one again)
+TENSOR_KINDS = ("cuda",)
 PRECISION = {0: "f64", 3: "3xtf32", 1: "tf32"}
 
 # the products' variant on CUDA where none is named, per dtype (a module's DEVICE_DEFAULTS),

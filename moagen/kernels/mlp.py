@@ -20,10 +20,11 @@ and every sum runs over the rows in one fixed order.
 from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward
-from moagen.kernels.gemm import (GEMM_SPLIT, TENSOR_CORES, TENSOR_DTYPES, TENSOR_SPLIT,
-                                  on_gemms)
+from moagen.kernels.gemm import (GEMM_SPLIT, TENSOR_CORES, TENSOR_DTYPES, TENSOR_KINDS,
+                                  TENSOR_SPLIT, on_gemms)
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.tunable import Tunable
+from moagen.kinds import KINDS
 from moagen.moa.expr import Named, Transpose, array, inner, lift, named, psi, silu, transpose
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
@@ -208,25 +209,26 @@ TILE_CUDA = {"mr": 2, "nr": 4, "row_block": 0}
 # are GEMMs (moagen.kernels.gemm.GEMM)
 
 
-def _tunable(temps, nests, gemm=GEMM_SPLIT, cuda_dtypes=None):
+def _tunable(temps, nests, gemm=GEMM_SPLIT, cuda_dtypes=None, kinds=tuple(KINDS)):
     """The CPU takes no GEMM blocks: the GPU's defaults stand there (unused). gemm: CUDA's
     GEMMs' parameters (moagen.kernels.gemm: GEMM_SPLIT's SIMT, TENSOR's on tensor cores)."""
     return Tunable(temps, lambda **params: _gemms(nests, **{**gemm, **params}), TILE_DEFAULTS,
                    TILE_SPACE, cuda={**TILE_CUDA, **gemm}, dtypes=TILE_DTYPE_DEFAULTS,
-                   cuda_dtypes=cuda_dtypes or {}, avx512=TILE_AVX512, accepts=_whole_tiles)
+                   cuda_dtypes=cuda_dtypes or {}, avx512=TILE_AVX512, accepts=_whole_tiles,
+                   kinds=kinds)
 
 
 FORWARD_VARIANTS = {
     # dot products along the model axis, as plain triple loops
     "naive": (FORWARD_TEMPS, _plain(FORWARD)),
     "tiled": _tunable(FORWARD_TEMPS, FORWARD),
-    # tiled, CUDA's products on tensor cores
-    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR_SPLIT, TENSOR_DTYPES),
+    # tiled, CUDA's products on tensor cores; CUDA only
+    "tensor": _tunable(FORWARD_TEMPS, FORWARD, TENSOR_SPLIT, TENSOR_DTYPES, TENSOR_KINDS),
 }
 BACKWARD_VARIANTS = {
     "naive": (BACKWARD_TEMPS, _plain(BACKWARD)),
     "tiled": _tunable(BACKWARD_TEMPS, BACKWARD),
-    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR_SPLIT, TENSOR_DTYPES),
+    "tensor": _tunable(BACKWARD_TEMPS, BACKWARD, TENSOR_SPLIT, TENSOR_DTYPES, TENSOR_KINDS),
 }
 
 SPECS = (forward_spec(), backward_spec())

@@ -19,10 +19,11 @@ from moagen import reference_block
 from moagen.kernels.cases import Check, on_model, references
 from moagen.kernels.chain import backward, summing
 from moagen.kernels.gemm import (GEMM, GEMM_SPLIT, TENSOR, TENSOR_CORES, TENSOR_DTYPES,
-                                  TENSOR_SPLIT, on_gemms)
+                                  TENSOR_KINDS, TENSOR_SPLIT, on_gemms)
 from moagen.kernels.layers import Layers, cpu, threads_per_tile
 from moagen.kernels.mlp import TILE_CUDA, TILE_DEFAULTS, TILE_DTYPE_DEFAULTS, TILE_SPACE
 from moagen.kernels.tunable import Tunable
+from moagen.kinds import KINDS
 from moagen.moa.expr import array, inner, lift, named, psi, reduce, transpose
 from moagen.moa.grad import grad
 from moagen.moa.rewrites import transform_outputs
@@ -79,7 +80,7 @@ TILE_PARAMS = ("mr", "nr")
 
 
 def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None, rest=(),
-             reorder=()):
+             reorder=(), kinds=tuple(KINDS)):
     """A variant whose tiles are mr x nr: layers(mr, nr) gives its Layers. gemms (label ->
     moagen.kernels.gemm.on_gemms' product): on CUDA, those products tiled GEMMs of the
     parameters `gemm` (GEMM's SIMT, TENSOR's on tensor cores), the variant having no other
@@ -95,7 +96,7 @@ def _tunable(temps, layers, gemms=None, gemm=GEMM, cuda_dtypes=None, split=None,
     return Tunable(temps, layers, pick(TILE_DEFAULTS), pick(TILE_SPACE),
                    cuda={**pick(TILE_CUDA), **(gemm if gemms else {})},
                    dtypes={d: pick(p) for d, p in TILE_DTYPE_DEFAULTS.items()},
-                   cuda_dtypes=cuda_dtypes or {})
+                   cuda_dtypes=cuda_dtypes or {}, kinds=kinds)
 
 
 QKV = KernelSpec(
@@ -110,13 +111,13 @@ QKV = KernelSpec(
 # on CUDA a block per (batch entry, head) and 32 x 64 tile of a head's rows, summing over m
 QKV_GEMMS = {o: (BH, "i", "c", "m", ("X", f"W{o.lower()}")) for o in ("Q", "K", "V")}
 QKV_TILES = lambda mr, nr: _layers(*(_row_tiles(o, "c", mr, nr) for o in ("Q", "K", "V")))
-# tensor: tiled, CUDA's products on tensor cores (float64 DMMA, float32 3xTF32)
+# tensor: tiled, CUDA's products on tensor cores (float64 DMMA, float32 3xTF32); CUDA only
 # split-K: a head's 2048 x 64 outputs are 64 tiles, 512 blocks at the bench's sizes (0.43
 # of a wave, float32); each sum over m in parts (moagen.kernels.gemm.GEMM_SPLIT)
 QKV_VARIANTS = {"tiled": _tunable(frozenset(), QKV_TILES, gemms=QKV_GEMMS, gemm=GEMM_SPLIT,
                                   split={o: "m" for o in QKV_GEMMS}),
                 "tensor": _tunable(frozenset(), QKV_TILES, QKV_GEMMS, TENSOR_SPLIT, TENSOR_DTYPES,
-                                   split={o: "m" for o in QKV_GEMMS})}
+                                   split={o: "m" for o in QKV_GEMMS}, kinds=TENSOR_KINDS)}
 
 
 # how the backwards are derived (moagen.moa.grad; `moagen grad qkv_proj`): dX and each
@@ -183,7 +184,7 @@ OUT_TILES = lambda mr, nr: _layers(_row_tiles("Y", "m", mr, nr))
 OUT_VARIANTS = {"tiled": _tunable(frozenset(), OUT_TILES, gemms=OUT_GEMMS, gemm=GEMM_SPLIT,
                                   split={"Y": "h"}),
                 "tensor": _tunable(frozenset(), OUT_TILES, OUT_GEMMS, TENSOR_SPLIT, TENSOR_DTYPES,
-                                   split={"Y": "h"})}
+                                   split={"Y": "h"}, kinds=TENSOR_KINDS)}
 
 
 OUT_BWD = _derived(OUT, (WO,), lambda w: psi(("h",), w), (0, 2, 1), ("h", "m", "c"))

@@ -3,6 +3,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from moagen.errors import SpecError
+from moagen.kinds import KINDS, get_kind
 from moagen.onf.signature import DTYPES
 
 Params = Mapping[str, int]
@@ -17,7 +18,9 @@ class Tunable:
     own (a thread block's rows: the CPU has none, build's default stands there). `dtypes`
     overrides some of the CPU's for one dtype (a vector register holds twice as many
     float32 lanes as float64 ones), `cuda_dtypes` some of the GPU's (float64's tiles take
-    twice the shared memory); unnamed dtypes take the target's own."""
+    twice the shared memory); unnamed dtypes take the target's own. `kinds`: the target
+    kinds the variant runs on, where not every kind (tensor cores are CUDA's: elsewhere the
+    variant would print its SIMT twin again)."""
     materialize: FrozenSet[str]
     build: Callable[..., Tuple]
     defaults: Params
@@ -29,8 +32,11 @@ class Tunable:
     # accepts(**params): whether the schedule takes a combination of the space (a row block
     # must hold whole tiles); None: every combination
     accepts: Optional[Callable[..., bool]] = None
+    kinds: Tuple[str, ...] = tuple(KINDS)
 
     def __post_init__(self):
+        for kind in self.kinds:
+            get_kind(kind)  # an unknown kind is an error here, not a variant nowhere
         overridden = (("dtypes", self.dtypes), ("cuda_dtypes", self.cuda_dtypes),
                       ("avx512", self.avx512))
         for what, overrides in overridden:
@@ -48,7 +54,10 @@ class Tunable:
                                     f"not among its parameters {', '.join(known) or '(none)'}")
 
     def per_target(self) -> Dict[str, Dict[str, Dict[str, int]]]:
-        """target kind -> dtype -> every parameter's default."""
+        """target kind -> dtype -> every parameter's default, for the kinds whose defaults
+        the variant runs."""
         gpu = {**self.defaults, **(self.cuda or {})}
-        return {"cpu": {d: {**self.defaults, **self.dtypes.get(d, {})} for d in DTYPES},
-                "cuda": {d: {**gpu, **self.cuda_dtypes.get(d, {})} for d in DTYPES}}
+        every = {"cpu": {d: {**self.defaults, **self.dtypes.get(d, {})} for d in DTYPES},
+                 "cuda": {d: {**gpu, **self.cuda_dtypes.get(d, {})} for d in DTYPES}}
+        runs = {get_kind(kind).defaults for kind in self.kinds}
+        return {kind: params for kind, params in every.items() if kind in runs}
