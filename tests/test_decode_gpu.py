@@ -88,18 +88,22 @@ def test_vector_loads_refuse_what_they_cannot_load_aligned(step, message):
         step(onf)
 
 
-def test_vector_loads_refuse_a_tile_that_is_not_a_vector():
-    """A lane's 2 features of d: its tile's first element need not be 16-byte aligned."""
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=13)
+def _lanes(onf, **mark):
+    """onf with the partial nest's thread loops across d (axis x) marked otherwise."""
     partial = _nest(onf)
 
-    def pairs(stmts):
-        return tuple(replace(s, body=pairs(s.body),
-                             gpu=replace(s.gpu, tile=2) if is_thread_loop(s)
+    def marked(stmts):
+        return tuple(replace(s, body=marked(s.body),
+                             gpu=replace(s.gpu, **mark) if is_thread_loop(s)
                              and s.gpu.axis == "x" else s.gpu)
                      if isinstance(s, Loop) else s for s in stmts)
-    onf = replace(onf, nests=tuple(replace(n, body=pairs(n.body)) if n is partial else n
-                                   for n in onf.nests))
+    return replace(onf, nests=tuple(replace(n, body=marked(n.body)) if n is partial else n
+                                    for n in onf.nests))
+
+
+def test_vector_loads_refuse_a_tile_that_is_not_a_vector():
+    """A lane's 2 features of d: its tile's first element need not be 16-byte aligned."""
+    onf = _lanes(onf_of(KERNEL, VARIANT, target="cuda", dtype="float32", upto=13), tile=2)
     with pytest.raises(ScheduleError, match=r"tiles of 2; vector loads of K need \[0, d\)"):
         VectorLoads(("K",), "c", nest="heads.partial")(onf)
 
@@ -116,16 +120,7 @@ def test_the_launch_takes_the_vector_loads_only_where_they_are_aligned():
 def test_a_loop_reading_a_warp_s_row_needs_whole_warps_across_d():
     """The keys' loop reads the warp's slice: uniform across a warp only where its lanes
     are a whole warp; with 16 threads across d two slices would share a warp."""
-    onf = onf_of(KERNEL, VARIANT, target="cuda", dtype="float32")
-    partial = _nest(onf)
-
-    def narrow(stmts):
-        return tuple(replace(s, body=narrow(s.body),
-                             gpu=replace(s.gpu, threads=16) if is_thread_loop(s)
-                             and s.gpu.axis == "x" else s.gpu)
-                     if isinstance(s, Loop) else s for s in stmts)
-    onf = replace(onf, nests=tuple(replace(n, body=narrow(n.body)) if n is partial else n
-                                   for n in onf.nests))
+    onf = _lanes(onf_of(KERNEL, VARIANT, target="cuda", dtype="float32"), threads=16)
     with pytest.raises(ScheduleError, match="loop over j has bounds that read the thread loops"):
         check_block_form(onf)
 
