@@ -151,6 +151,24 @@ static int moagen_allow_shared(Kernel *kernel, const char *name, size_t bytes)
     }
     return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
+#ifndef MOAGEN_LOAD4
+
+/* A thread's 4 consecutive elements at `from` into its registers `to` by 16-byte loads (a
+ * float4; two double2): `from` 16-byte aligned, which the launcher checks (VectorLoads). The
+ * host build that runs this file without a GPU defines its own, checking it. */
+__device__ __forceinline__ void moagen_load4(float *to, const float *from)
+{
+    const float4 v = *reinterpret_cast<const float4 *>(from);
+    to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+}
+
+__device__ __forceinline__ void moagen_load4(double *to, const double *from)
+{
+    const double2 a = reinterpret_cast<const double2 *>(from)[0];
+    const double2 b = reinterpret_cast<const double2 *>(from)[1];
+    to[0] = a.x, to[1] = a.y, to[2] = b.x, to[3] = b.y;
+}
+#endif
 
 /* A block's threads combine a value each, every thread getting the total: each warp's
  * lanes by a shuffle butterfly (five steps, no barrier), then one value a warp through
@@ -222,6 +240,7 @@ __global__ void block_bwd_composed_f64_mlp_WdT(
  * for b / i_blk / e_blk / i, e6 / e, e7 (simd) / c_blk / e4, e2, c (simd) / e5 (simd), e3
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_mlp_dH(
     const double *__restrict__ dy,
     double *__restrict__ mlp_WdT,
@@ -250,14 +269,34 @@ __global__ void block_bwd_composed_f64_mlp_dH(
     }
     for (int c_blk = 0; c_blk < quot; ++c_blk) {
         __syncthreads();  // mlp_dH_WdT_tile copied after mlp_dH_WdT_tile copied and read
-        for (int e4 = ty; e4 < 16; e4 += 2) {
-            for (int e5 = tx; e5 < 64; e5 += 64) {
-                mlp_dH_WdT_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_WdT[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e5_g = ty * 64 + tx; e5_g < 256; e5_g += 128) {
+                const int e4 = e5_g / 16, e5 = e5_g % 16 * 4;
+                double e5_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e5_v, &mlp_WdT[dff*(16*c_blk + e4) + e5 + 64*e_blk]);
+                #pragma unroll
+                for (int e5_k = 0; e5_k < 4; ++e5_k) mlp_dH_WdT_tile[68*e4 + e5 + e5_k] = e5_v[e5_k];
+            }
+        } else {
+            for (int e4 = ty; e4 < 16; e4 += 2) {
+                for (int e5 = tx; e5 < 64; e5 += 64) {
+                    mlp_dH_WdT_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_WdT[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0);
+                }
             }
         }
-        for (int e2 = ty; e2 < 32; e2 += 2) {
-            for (int e3 = tx; e3 < 16; e3 += 64) {
-                mlp_dH_dF_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dy[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e3_g = ty * 64 + tx; e3_g < 128; e3_g += 128) {
+                const int e2 = e3_g / 4, e3 = e3_g % 4 * 4;
+                double e3_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e3_v, &dy[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3]);
+                #pragma unroll
+                for (int e3_k = 0; e3_k < 4; ++e3_k) mlp_dH_dF_tile[e2 + 36*e3 + 36*e3_k] = e3_v[e3_k];
+            }
+        } else {
+            for (int e2 = ty; e2 < 32; e2 += 2) {
+                for (int e3 = tx; e3 < 16; e3 += 64) {
+                    mlp_dH_dF_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dy[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0);
+                }
             }
         }
         __syncthreads();  // mlp_dH_dF_tile read after mlp_dH_dF_tile copied; mlp_dH_WdT_tile read after mlp_dH_WdT_tile copied
@@ -372,6 +411,7 @@ __global__ void block_bwd_composed_f64_mlp_WuT(
  * for e_part_b / i_blk / c_blk / i, e16 / c, e17 (simd) / e_blk / e14, e12, e10, e8, e
  *     (simd) / e15 (simd), e13 (simd), e11 (simd), e9 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_mlp_dX_partial(
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_WgT,
@@ -406,24 +446,64 @@ __global__ void block_bwd_composed_f64_mlp_dX_partial(
     }
     for (int e_blk = quot2*quot3; e_blk < (quot < quot2*quot3 + quot3 ? quot : quot2*quot3 + quot3); ++e_blk) {
         __syncthreads();  // mlp_dX_partial_WuT_tile copied after mlp_dX_partial_WuT_tile copied and read
-        for (int e14 = ty; e14 < 16; e14 += 2) {
-            for (int e15 = tx; e15 < 64; e15 += 64) {
-                mlp_dX_partial_WuT_tile[68*e14 + e15] = (64*c_blk + e15 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e14 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WuT[64*c_blk + dm*(e14 + 16*e_blk) + e15] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e15_g = ty * 64 + tx; e15_g < 256; e15_g += 128) {
+                const int e14 = e15_g / 16, e15 = e15_g % 16 * 4;
+                double e15_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e15 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e14 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e15_v, &mlp_WuT[64*c_blk + dm*(e14 + 16*e_blk) + e15]);
+                #pragma unroll
+                for (int e15_k = 0; e15_k < 4; ++e15_k) mlp_dX_partial_WuT_tile[68*e14 + e15 + e15_k] = e15_v[e15_k];
+            }
+        } else {
+            for (int e14 = ty; e14 < 16; e14 += 2) {
+                for (int e15 = tx; e15 < 64; e15 += 64) {
+                    mlp_dX_partial_WuT_tile[68*e14 + e15] = (64*c_blk + e15 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e14 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WuT[64*c_blk + dm*(e14 + 16*e_blk) + e15] : 0.0);
+                }
             }
         }
-        for (int e12 = ty; e12 < 32; e12 += 2) {
-            for (int e13 = tx; e13 < 16; e13 += 64) {
-                mlp_dX_partial_dV_tile[e12 + 36*e13] = (e12 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e13 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dV[dff*(e12 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e13 + 16*e_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e13_g = ty * 64 + tx; e13_g < 128; e13_g += 128) {
+                const int e12 = e13_g / 4, e13 = e13_g % 4 * 4;
+                double e13_v[4] = {0, 0, 0, 0};
+                if (e12 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e13 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e13_v, &mlp_dV[dff*(e12 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e13 + 16*e_blk]);
+                #pragma unroll
+                for (int e13_k = 0; e13_k < 4; ++e13_k) mlp_dX_partial_dV_tile[e12 + 36*e13 + 36*e13_k] = e13_v[e13_k];
+            }
+        } else {
+            for (int e12 = ty; e12 < 32; e12 += 2) {
+                for (int e13 = tx; e13 < 16; e13 += 64) {
+                    mlp_dX_partial_dV_tile[e12 + 36*e13] = (e12 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e13 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dV[dff*(e12 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e13 + 16*e_blk] : 0.0);
+                }
             }
         }
-        for (int e10 = ty; e10 < 16; e10 += 2) {
-            for (int e11 = tx; e11 < 64; e11 += 64) {
-                mlp_dX_partial_WgT_tile[68*e10 + e11] = (64*c_blk + e11 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e10 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WgT[64*c_blk + dm*(e10 + 16*e_blk) + e11] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e11_g = ty * 64 + tx; e11_g < 256; e11_g += 128) {
+                const int e10 = e11_g / 16, e11 = e11_g % 16 * 4;
+                double e11_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e11 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e10 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e11_v, &mlp_WgT[64*c_blk + dm*(e10 + 16*e_blk) + e11]);
+                #pragma unroll
+                for (int e11_k = 0; e11_k < 4; ++e11_k) mlp_dX_partial_WgT_tile[68*e10 + e11 + e11_k] = e11_v[e11_k];
+            }
+        } else {
+            for (int e10 = ty; e10 < 16; e10 += 2) {
+                for (int e11 = tx; e11 < 64; e11 += 64) {
+                    mlp_dX_partial_WgT_tile[68*e10 + e11] = (64*c_blk + e11 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e10 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WgT[64*c_blk + dm*(e10 + 16*e_blk) + e11] : 0.0);
+                }
             }
         }
-        for (int e8 = ty; e8 < 32; e8 += 2) {
-            for (int e9 = tx; e9 < 16; e9 += 64) {
-                mlp_dX_partial_dU_tile[e8 + 36*e9] = (e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e9 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dU[dff*(e8 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e9 + 16*e_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e9_g = ty * 64 + tx; e9_g < 128; e9_g += 128) {
+                const int e8 = e9_g / 4, e9 = e9_g % 4 * 4;
+                double e9_v[4] = {0, 0, 0, 0};
+                if (e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e9 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e9_v, &mlp_dU[dff*(e8 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e9 + 16*e_blk]);
+                #pragma unroll
+                for (int e9_k = 0; e9_k < 4; ++e9_k) mlp_dX_partial_dU_tile[e8 + 36*e9 + 36*e9_k] = e9_v[e9_k];
+            }
+        } else {
+            for (int e8 = ty; e8 < 32; e8 += 2) {
+                for (int e9 = tx; e9 < 16; e9 += 64) {
+                    mlp_dX_partial_dU_tile[e8 + 36*e9] = (e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e9 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dU[dff*(e8 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e9 + 16*e_blk] : 0.0);
+                }
             }
         }
         __syncthreads();  // mlp_dX_partial_dU_tile read after mlp_dX_partial_dU_tile copied; mlp_dX_partial_WgT_tile read after mlp_dX_partial_WgT_tile copied; mlp_dX_partial_dV_tile read after mlp_dX_partial_dV_tile copied; mlp_dX_partial_WuT_tile read after mlp_dX_partial_WuT_tile copied
@@ -526,6 +606,7 @@ __global__ void block_bwd_composed_f64_mlp_XT(
  * for i_part / c_blk / e_blk / c, e22 / e, e23 (simd) / b / i_blk / e20, e18, i (simd) /
  *     e21 (simd), e19 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_mlp_dWg_partial(
     double *__restrict__ mlp_dU,
     double *__restrict__ mlp_XT,
@@ -564,14 +645,34 @@ __global__ void block_bwd_composed_f64_mlp_dWg_partial(
         }
         for (int i_blk = i_part*quot2; i_blk < (quot < i_part*quot2 + quot2 ? quot : i_part*quot2 + quot2); ++i_blk) {
             __syncthreads();  // mlp_dWg_partial_dU_tile copied after mlp_dWg_partial_dU_tile copied and read
-            for (int e20 = ty; e20 < 16; e20 += 2) {
-                for (int e21 = tx; e21 < 64; e21 += 64) {
-                    mlp_dWg_partial_dU_tile[68*e20 + e21] = (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dU[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e21_g = ty * 64 + tx; e21_g < 256; e21_g += 128) {
+                    const int e20 = e21_g / 16, e21 = e21_g % 16 * 4;
+                    double e21_v[4] = {0, 0, 0, 0};
+                    if (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e21_v, &mlp_dU[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk]);
+                    #pragma unroll
+                    for (int e21_k = 0; e21_k < 4; ++e21_k) mlp_dWg_partial_dU_tile[68*e20 + e21 + e21_k] = e21_v[e21_k];
+                }
+            } else {
+                for (int e20 = ty; e20 < 16; e20 += 2) {
+                    for (int e21 = tx; e21 < 64; e21 += 64) {
+                        mlp_dWg_partial_dU_tile[68*e20 + e21] = (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dU[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk] : 0.0);
+                    }
                 }
             }
-            for (int e18 = ty; e18 < 32; e18 += 2) {
-                for (int e19 = tx; e19 < 16; e19 += 64) {
-                    mlp_dWg_partial_XT_tile[e18 + 36*e19] = (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e19_g = ty * 64 + tx; e19_g < 128; e19_g += 128) {
+                    const int e18 = e19_g / 4, e19 = e19_g % 4 * 4;
+                    double e19_v[4] = {0, 0, 0, 0};
+                    if (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e19_v, &mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)]);
+                    #pragma unroll
+                    for (int e19_k = 0; e19_k < 4; ++e19_k) mlp_dWg_partial_XT_tile[e18 + 36*e19 + 36*e19_k] = e19_v[e19_k];
+                }
+            } else {
+                for (int e18 = ty; e18 < 32; e18 += 2) {
+                    for (int e19 = tx; e19 < 16; e19 += 64) {
+                        mlp_dWg_partial_XT_tile[e18 + 36*e19] = (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // mlp_dWg_partial_XT_tile read after mlp_dWg_partial_XT_tile copied; mlp_dWg_partial_dU_tile read after mlp_dWg_partial_dU_tile copied
@@ -647,6 +748,7 @@ __global__ void block_bwd_composed_f64_mlp_dWg(
  * for i_part / c_blk / e_blk / c, e28 / e, e29 (simd) / b / i_blk / e26, e24, i (simd) /
  *     e27 (simd), e25 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_mlp_dWu_partial(
     double *__restrict__ mlp_dV,
     double *__restrict__ mlp_XT,
@@ -685,14 +787,34 @@ __global__ void block_bwd_composed_f64_mlp_dWu_partial(
         }
         for (int i_blk = i_part*quot2; i_blk < (quot < i_part*quot2 + quot2 ? quot : i_part*quot2 + quot2); ++i_blk) {
             __syncthreads();  // mlp_dWu_partial_dV_tile copied after mlp_dWu_partial_dV_tile copied and read
-            for (int e26 = ty; e26 < 16; e26 += 2) {
-                for (int e27 = tx; e27 < 64; e27 += 64) {
-                    mlp_dWu_partial_dV_tile[68*e26 + e27] = (e26 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e27 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dV[dff*(b*n + e26 + 16*i_blk) + e27 + 64*e_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e27_g = ty * 64 + tx; e27_g < 256; e27_g += 128) {
+                    const int e26 = e27_g / 16, e27 = e27_g % 16 * 4;
+                    double e27_v[4] = {0, 0, 0, 0};
+                    if (e26 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e27 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e27_v, &mlp_dV[dff*(b*n + e26 + 16*i_blk) + e27 + 64*e_blk]);
+                    #pragma unroll
+                    for (int e27_k = 0; e27_k < 4; ++e27_k) mlp_dWu_partial_dV_tile[68*e26 + e27 + e27_k] = e27_v[e27_k];
+                }
+            } else {
+                for (int e26 = ty; e26 < 16; e26 += 2) {
+                    for (int e27 = tx; e27 < 64; e27 += 64) {
+                        mlp_dWu_partial_dV_tile[68*e26 + e27] = (e26 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e27 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dV[dff*(b*n + e26 + 16*i_blk) + e27 + 64*e_blk] : 0.0);
+                    }
                 }
             }
-            for (int e24 = ty; e24 < 32; e24 += 2) {
-                for (int e25 = tx; e25 < 16; e25 += 64) {
-                    mlp_dWu_partial_XT_tile[e24 + 36*e25] = (32*c_blk + e24 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e25 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e25 + 16*i_blk + n*(b*dm + 32*c_blk + e24)] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e25_g = ty * 64 + tx; e25_g < 128; e25_g += 128) {
+                    const int e24 = e25_g / 4, e25 = e25_g % 4 * 4;
+                    double e25_v[4] = {0, 0, 0, 0};
+                    if (32*c_blk + e24 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e25 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e25_v, &mlp_XT[e25 + 16*i_blk + n*(b*dm + 32*c_blk + e24)]);
+                    #pragma unroll
+                    for (int e25_k = 0; e25_k < 4; ++e25_k) mlp_dWu_partial_XT_tile[e24 + 36*e25 + 36*e25_k] = e25_v[e25_k];
+                }
+            } else {
+                for (int e24 = ty; e24 < 32; e24 += 2) {
+                    for (int e25 = tx; e25 < 16; e25 += 64) {
+                        mlp_dWu_partial_XT_tile[e24 + 36*e25] = (32*c_blk + e24 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e25 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e25 + 16*i_blk + n*(b*dm + 32*c_blk + e24)] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // mlp_dWu_partial_XT_tile read after mlp_dWu_partial_XT_tile copied; mlp_dWu_partial_dV_tile read after mlp_dWu_partial_dV_tile copied
@@ -788,6 +910,7 @@ __global__ void block_bwd_composed_f64_mlp_HT(
  * for i_part / e_blk / c_blk / e, e34 / c, e35 (simd) / b / i_blk / e32, e30, i (simd) /
  *     e33 (simd), e31 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_mlp_dWd_partial(
     const double *__restrict__ dy,
     double *__restrict__ mlp_HT,
@@ -826,14 +949,34 @@ __global__ void block_bwd_composed_f64_mlp_dWd_partial(
         }
         for (int i_blk = i_part*quot2; i_blk < (quot < i_part*quot2 + quot2 ? quot : i_part*quot2 + quot2); ++i_blk) {
             __syncthreads();  // mlp_dWd_partial_dF_tile copied after mlp_dWd_partial_dF_tile copied and read
-            for (int e32 = ty; e32 < 16; e32 += 2) {
-                for (int e33 = tx; e33 < 64; e33 += 64) {
-                    mlp_dWd_partial_dF_tile[68*e32 + e33] = (64*c_blk + e33 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e32 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dy[64*c_blk + dm*(b*n + e32 + 16*i_blk) + e33] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e33_g = ty * 64 + tx; e33_g < 256; e33_g += 128) {
+                    const int e32 = e33_g / 16, e33 = e33_g % 16 * 4;
+                    double e33_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e33 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e32 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e33_v, &dy[64*c_blk + dm*(b*n + e32 + 16*i_blk) + e33]);
+                    #pragma unroll
+                    for (int e33_k = 0; e33_k < 4; ++e33_k) mlp_dWd_partial_dF_tile[68*e32 + e33 + e33_k] = e33_v[e33_k];
+                }
+            } else {
+                for (int e32 = ty; e32 < 16; e32 += 2) {
+                    for (int e33 = tx; e33 < 64; e33 += 64) {
+                        mlp_dWd_partial_dF_tile[68*e32 + e33] = (64*c_blk + e33 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e32 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dy[64*c_blk + dm*(b*n + e32 + 16*i_blk) + e33] : 0.0);
+                    }
                 }
             }
-            for (int e30 = ty; e30 < 32; e30 += 2) {
-                for (int e31 = tx; e31 < 16; e31 += 64) {
-                    mlp_dWd_partial_HT_tile[e30 + 36*e31] = (e30 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e31 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_HT[e31 + 16*i_blk + n*(b*dff + e30 + 32*e_blk)] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e31_g = ty * 64 + tx; e31_g < 128; e31_g += 128) {
+                    const int e30 = e31_g / 4, e31 = e31_g % 4 * 4;
+                    double e31_v[4] = {0, 0, 0, 0};
+                    if (e30 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e31 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e31_v, &mlp_HT[e31 + 16*i_blk + n*(b*dff + e30 + 32*e_blk)]);
+                    #pragma unroll
+                    for (int e31_k = 0; e31_k < 4; ++e31_k) mlp_dWd_partial_HT_tile[e30 + 36*e31 + 36*e31_k] = e31_v[e31_k];
+                }
+            } else {
+                for (int e30 = ty; e30 < 32; e30 += 2) {
+                    for (int e31 = tx; e31 < 16; e31 += 64) {
+                        mlp_dWd_partial_HT_tile[e30 + 36*e31] = (e30 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e31 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_HT[e31 + 16*i_blk + n*(b*dff + e30 + 32*e_blk)] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // mlp_dWd_partial_HT_tile read after mlp_dWd_partial_HT_tile copied; mlp_dWd_partial_dF_tile read after mlp_dWd_partial_dF_tile copied
@@ -1005,6 +1148,7 @@ __global__ void block_bwd_composed_f64_out_WoT(
 /* out.dO.partial: writes out_dO_partial_WoT_tile, out_dO_partial_dY_tile; scratch out_dO_part, out_WoT, dresid
  * for m_part_b_h / i_blk / c_blk / i / c / m_blk / e3, e, m (simd) / e4 (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_out_dO_partial(
     double *__restrict__ dresid,
     double *__restrict__ out_WoT,
@@ -1036,14 +1180,34 @@ __global__ void block_bwd_composed_f64_out_dO_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // out_dO_partial_WoT_tile copied after out_dO_partial_WoT_tile copied and read
-        for (int e3 = ty; e3 < 16; e3 += 8) {
-            for (int e4 = tx; e4 < 64; e4 += 16) {
-                out_dO_partial_WoT_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? out_WoT[64*c_blk + dh*(dm*(-heads*quot3 + m_part_b_h) + e3 + 16*m_blk) + e4] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e4_g = ty * 16 + tx; e4_g < 256; e4_g += 128) {
+                const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                double e4_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e4_v, &out_WoT[64*c_blk + dh*(dm*(-heads*quot3 + m_part_b_h) + e3 + 16*m_blk) + e4]);
+                #pragma unroll
+                for (int e4_k = 0; e4_k < 4; ++e4_k) out_dO_partial_WoT_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+            }
+        } else {
+            for (int e3 = ty; e3 < 16; e3 += 8) {
+                for (int e4 = tx; e4 < 64; e4 += 16) {
+                    out_dO_partial_WoT_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? out_WoT[64*c_blk + dh*(dm*(-heads*quot3 + m_part_b_h) + e3 + 16*m_blk) + e4] : 0.0);
+                }
             }
         }
-        for (int e = ty; e < 32; e += 8) {
-            for (int e2 = tx; e2 < 16; e2 += 16) {
-                out_dO_partial_dY_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? dresid[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e2_g = ty * 16 + tx; e2_g < 128; e2_g += 128) {
+                const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                double e2_v[4] = {0, 0, 0, 0};
+                if (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e2_v, &dresid[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk]);
+                #pragma unroll
+                for (int e2_k = 0; e2_k < 4; ++e2_k) out_dO_partial_dY_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+            }
+        } else {
+            for (int e = ty; e < 32; e += 8) {
+                for (int e2 = tx; e2 < 16; e2 += 16) {
+                    out_dO_partial_dY_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? dresid[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0);
+                }
             }
         }
         __syncthreads();  // out_dO_partial_dY_tile read after out_dO_partial_dY_tile copied; out_dO_partial_WoT_tile read after out_dO_partial_WoT_tile copied
@@ -1101,6 +1265,7 @@ __global__ void block_bwd_composed_f64_out_dO(
  * for i_part_h / c_blk / m_blk / c / m / b / i_blk / e7, e5, i (simd) / e8 (simd), e6
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_out_dWo_partial(
     const double *__restrict__ attn,
     double *__restrict__ dresid,
@@ -1140,14 +1305,34 @@ __global__ void block_bwd_composed_f64_out_dWo_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // out_dWo_partial_dY_tile copied after out_dWo_partial_dY_tile copied and read
-            for (int e7 = ty; e7 < 16; e7 += 8) {
-                for (int e8 = tx; e8 < 64; e8 += 16) {
-                    out_dWo_partial_dY_tile[68*e7 + e8] = (e7 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? dresid[dm*(b*n + e7 + 16*i_blk) + e8 + 64*m_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e8_g = ty * 16 + tx; e8_g < 256; e8_g += 128) {
+                    const int e7 = e8_g / 16, e8 = e8_g % 16 * 4;
+                    double e8_v[4] = {0, 0, 0, 0};
+                    if (e7 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e8_v, &dresid[dm*(b*n + e7 + 16*i_blk) + e8 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e8_k = 0; e8_k < 4; ++e8_k) out_dWo_partial_dY_tile[68*e7 + e8 + e8_k] = e8_v[e8_k];
+                }
+            } else {
+                for (int e7 = ty; e7 < 16; e7 += 8) {
+                    for (int e8 = tx; e8 < 64; e8 += 16) {
+                        out_dWo_partial_dY_tile[68*e7 + e8] = (e7 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? dresid[dm*(b*n + e7 + 16*i_blk) + e8 + 64*m_blk] : 0.0);
+                    }
                 }
             }
-            for (int e5 = ty; e5 < 16; e5 += 8) {
-                for (int e6 = tx; e6 < 32; e6 += 16) {
-                    out_dWo_partial_O_tile[36*e5 + e6] = (32*c_blk + e6 < (dh < 32*c_blk + 32 ? dh : 32*c_blk + 32) && e5 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? attn[32*c_blk + dh*(e5 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e6] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e6_g = ty * 16 + tx; e6_g < 128; e6_g += 128) {
+                    const int e5 = e6_g / 8, e6 = e6_g % 8 * 4;
+                    double e6_v[4] = {0, 0, 0, 0};
+                    if (32*c_blk + e6 < (dh < 32*c_blk + 32 ? dh : 32*c_blk + 32) && e5 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e6_v, &attn[32*c_blk + dh*(e5 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e6]);
+                    #pragma unroll
+                    for (int e6_k = 0; e6_k < 4; ++e6_k) out_dWo_partial_O_tile[36*e5 + e6 + e6_k] = e6_v[e6_k];
+                }
+            } else {
+                for (int e5 = ty; e5 < 16; e5 += 8) {
+                    for (int e6 = tx; e6 < 32; e6 += 16) {
+                        out_dWo_partial_O_tile[36*e5 + e6] = (32*c_blk + e6 < (dh < 32*c_blk + 32 ? dh : 32*c_blk + 32) && e5 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? attn[32*c_blk + dh*(e5 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e6] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // out_dWo_partial_O_tile read after out_dWo_partial_O_tile copied; out_dWo_partial_dY_tile read after out_dWo_partial_dY_tile copied
@@ -1775,6 +1960,7 @@ __global__ void block_bwd_composed_f64_qkv_WvT(
  * for h_part_b / i_blk / m_blk / i / m / h / c_blk / e11, e9, e7, e5, e3, e, c (simd) /
  *     e12 (simd), e10 (simd), e8 (simd), e6 (simd), e4 (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_qkv_dX_partial(
     double *__restrict__ dQ,
     double *__restrict__ dK,
@@ -1822,34 +2008,94 @@ __global__ void block_bwd_composed_f64_qkv_dX_partial(
         }
         for (int c_blk = 0; c_blk < quot3; ++c_blk) {
             __syncthreads();  // qkv_dX_partial_WvT_tile copied after qkv_dX_partial_WvT_tile copied and read
-            for (int e11 = ty; e11 < 16; e11 += 8) {
-                for (int e12 = tx; e12 < 64; e12 += 16) {
-                    qkv_dX_partial_WvT_tile[68*e11 + e12] = (16*c_blk + e11 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e12 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WvT[dm*(16*c_blk + dh*h + e11) + e12 + 64*m_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e12_g = ty * 16 + tx; e12_g < 256; e12_g += 128) {
+                    const int e11 = e12_g / 16, e12 = e12_g % 16 * 4;
+                    double e12_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e11 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e12 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e12_v, &qkv_WvT[dm*(16*c_blk + dh*h + e11) + e12 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e12_k = 0; e12_k < 4; ++e12_k) qkv_dX_partial_WvT_tile[68*e11 + e12 + e12_k] = e12_v[e12_k];
+                }
+            } else {
+                for (int e11 = ty; e11 < 16; e11 += 8) {
+                    for (int e12 = tx; e12 < 64; e12 += 16) {
+                        qkv_dX_partial_WvT_tile[68*e11 + e12] = (16*c_blk + e11 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e12 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WvT[dm*(16*c_blk + dh*h + e11) + e12 + 64*m_blk] : 0.0);
+                    }
                 }
             }
-            for (int e9 = ty; e9 < 32; e9 += 8) {
-                for (int e10 = tx; e10 < 16; e10 += 16) {
-                    qkv_dX_partial_dV_tile[36*e10 + e9] = (16*c_blk + e10 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dV[16*c_blk + dh*(e9 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e10] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e10_g = ty * 16 + tx; e10_g < 128; e10_g += 128) {
+                    const int e9 = e10_g / 4, e10 = e10_g % 4 * 4;
+                    double e10_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e10 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e10_v, &dV[16*c_blk + dh*(e9 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e10]);
+                    #pragma unroll
+                    for (int e10_k = 0; e10_k < 4; ++e10_k) qkv_dX_partial_dV_tile[36*e10 + 36*e10_k + e9] = e10_v[e10_k];
+                }
+            } else {
+                for (int e9 = ty; e9 < 32; e9 += 8) {
+                    for (int e10 = tx; e10 < 16; e10 += 16) {
+                        qkv_dX_partial_dV_tile[36*e10 + e9] = (16*c_blk + e10 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dV[16*c_blk + dh*(e9 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e10] : 0.0);
+                    }
                 }
             }
-            for (int e7 = ty; e7 < 16; e7 += 8) {
-                for (int e8 = tx; e8 < 64; e8 += 16) {
-                    qkv_dX_partial_WkT_tile[68*e7 + e8] = (16*c_blk + e7 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WkT[dm*(16*c_blk + dh*h + e7) + e8 + 64*m_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e8_g = ty * 16 + tx; e8_g < 256; e8_g += 128) {
+                    const int e7 = e8_g / 16, e8 = e8_g % 16 * 4;
+                    double e8_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e7 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e8_v, &qkv_WkT[dm*(16*c_blk + dh*h + e7) + e8 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e8_k = 0; e8_k < 4; ++e8_k) qkv_dX_partial_WkT_tile[68*e7 + e8 + e8_k] = e8_v[e8_k];
+                }
+            } else {
+                for (int e7 = ty; e7 < 16; e7 += 8) {
+                    for (int e8 = tx; e8 < 64; e8 += 16) {
+                        qkv_dX_partial_WkT_tile[68*e7 + e8] = (16*c_blk + e7 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WkT[dm*(16*c_blk + dh*h + e7) + e8 + 64*m_blk] : 0.0);
+                    }
                 }
             }
-            for (int e5 = ty; e5 < 32; e5 += 8) {
-                for (int e6 = tx; e6 < 16; e6 += 16) {
-                    qkv_dX_partial_dK_tile[e5 + 36*e6] = (16*c_blk + e6 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dK[16*c_blk + dh*(e5 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e6] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e6_g = ty * 16 + tx; e6_g < 128; e6_g += 128) {
+                    const int e5 = e6_g / 4, e6 = e6_g % 4 * 4;
+                    double e6_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e6 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e6_v, &dK[16*c_blk + dh*(e5 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e6]);
+                    #pragma unroll
+                    for (int e6_k = 0; e6_k < 4; ++e6_k) qkv_dX_partial_dK_tile[e5 + 36*e6 + 36*e6_k] = e6_v[e6_k];
+                }
+            } else {
+                for (int e5 = ty; e5 < 32; e5 += 8) {
+                    for (int e6 = tx; e6 < 16; e6 += 16) {
+                        qkv_dX_partial_dK_tile[e5 + 36*e6] = (16*c_blk + e6 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dK[16*c_blk + dh*(e5 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e6] : 0.0);
+                    }
                 }
             }
-            for (int e3 = ty; e3 < 16; e3 += 8) {
-                for (int e4 = tx; e4 < 64; e4 += 16) {
-                    qkv_dX_partial_WqT_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WqT[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e4_g = ty * 16 + tx; e4_g < 256; e4_g += 128) {
+                    const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                    double e4_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e4_v, &qkv_WqT[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e4_k = 0; e4_k < 4; ++e4_k) qkv_dX_partial_WqT_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+                }
+            } else {
+                for (int e3 = ty; e3 < 16; e3 += 8) {
+                    for (int e4 = tx; e4 < 64; e4 += 16) {
+                        qkv_dX_partial_WqT_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WqT[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0);
+                    }
                 }
             }
-            for (int e = ty; e < 32; e += 8) {
-                for (int e2 = tx; e2 < 16; e2 += 16) {
-                    qkv_dX_partial_dQ_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dQ[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e2_g = ty * 16 + tx; e2_g < 128; e2_g += 128) {
+                    const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                    double e2_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e2_v, &dQ[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2]);
+                    #pragma unroll
+                    for (int e2_k = 0; e2_k < 4; ++e2_k) qkv_dX_partial_dQ_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+                }
+            } else {
+                for (int e = ty; e < 32; e += 8) {
+                    for (int e2 = tx; e2 < 16; e2 += 16) {
+                        qkv_dX_partial_dQ_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dQ[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // qkv_dX_partial_dQ_tile read after qkv_dX_partial_dQ_tile copied; qkv_dX_partial_WqT_tile read after qkv_dX_partial_WqT_tile copied; qkv_dX_partial_dK_tile read after qkv_dX_partial_dK_tile copied; qkv_dX_partial_WkT_tile read after qkv_dX_partial_WkT_tile copied; qkv_dX_partial_dV_tile read after qkv_dX_partial_dV_tile copied; qkv_dX_partial_WvT_tile read after qkv_dX_partial_WvT_tile copied
@@ -1949,6 +2195,7 @@ __global__ void block_bwd_composed_f64_qkv_XT(
  * for i_part_h / m_blk / c_blk / m / c / b / i_blk / e15, e13, i (simd) / e16 (simd), e14
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_qkv_dWq_partial(
     double *__restrict__ dQ,
     double *__restrict__ qkv_XT,
@@ -1988,14 +2235,34 @@ __global__ void block_bwd_composed_f64_qkv_dWq_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // qkv_dWq_partial_dQ_tile copied after qkv_dWq_partial_dQ_tile copied and read
-            for (int e15 = ty; e15 < 16; e15 += 8) {
-                for (int e16 = tx; e16 < 64; e16 += 16) {
-                    qkv_dWq_partial_dQ_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dQ[64*c_blk + dh*(e15 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e16] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e16_g = ty * 16 + tx; e16_g < 256; e16_g += 128) {
+                    const int e15 = e16_g / 16, e16 = e16_g % 16 * 4;
+                    double e16_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e16_v, &dQ[64*c_blk + dh*(e15 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e16]);
+                    #pragma unroll
+                    for (int e16_k = 0; e16_k < 4; ++e16_k) qkv_dWq_partial_dQ_tile[68*e15 + e16 + e16_k] = e16_v[e16_k];
+                }
+            } else {
+                for (int e15 = ty; e15 < 16; e15 += 8) {
+                    for (int e16 = tx; e16 < 64; e16 += 16) {
+                        qkv_dWq_partial_dQ_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dQ[64*c_blk + dh*(e15 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e16] : 0.0);
+                    }
                 }
             }
-            for (int e13 = ty; e13 < 32; e13 += 8) {
-                for (int e14 = tx; e14 < 16; e14 += 16) {
-                    qkv_dWq_partial_XT_tile[e13 + 36*e14] = (e13 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e14 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e14 + 16*i_blk + n*(b*dm + e13 + 32*m_blk)] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e14_g = ty * 16 + tx; e14_g < 128; e14_g += 128) {
+                    const int e13 = e14_g / 4, e14 = e14_g % 4 * 4;
+                    double e14_v[4] = {0, 0, 0, 0};
+                    if (e13 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e14 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e14_v, &qkv_XT[e14 + 16*i_blk + n*(b*dm + e13 + 32*m_blk)]);
+                    #pragma unroll
+                    for (int e14_k = 0; e14_k < 4; ++e14_k) qkv_dWq_partial_XT_tile[e13 + 36*e14 + 36*e14_k] = e14_v[e14_k];
+                }
+            } else {
+                for (int e13 = ty; e13 < 32; e13 += 8) {
+                    for (int e14 = tx; e14 < 16; e14 += 16) {
+                        qkv_dWq_partial_XT_tile[e13 + 36*e14] = (e13 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e14 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e14 + 16*i_blk + n*(b*dm + e13 + 32*m_blk)] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // qkv_dWq_partial_XT_tile read after qkv_dWq_partial_XT_tile copied; qkv_dWq_partial_dQ_tile read after qkv_dWq_partial_dQ_tile copied
@@ -2058,6 +2325,7 @@ __global__ void block_bwd_composed_f64_qkv_dWq(
  * for i_part_h / m_blk / c_blk / m / c / b / i_blk / e19, e17, i (simd) / e20 (simd), e18
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_qkv_dWk_partial(
     double *__restrict__ dK,
     double *__restrict__ qkv_XT,
@@ -2097,14 +2365,34 @@ __global__ void block_bwd_composed_f64_qkv_dWk_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // qkv_dWk_partial_dK_tile copied after qkv_dWk_partial_dK_tile copied and read
-            for (int e19 = ty; e19 < 16; e19 += 8) {
-                for (int e20 = tx; e20 < 64; e20 += 16) {
-                    qkv_dWk_partial_dK_tile[68*e19 + e20] = (64*c_blk + e20 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dK[64*c_blk + dh*(e19 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e20] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e20_g = ty * 16 + tx; e20_g < 256; e20_g += 128) {
+                    const int e19 = e20_g / 16, e20 = e20_g % 16 * 4;
+                    double e20_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e20 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e20_v, &dK[64*c_blk + dh*(e19 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e20]);
+                    #pragma unroll
+                    for (int e20_k = 0; e20_k < 4; ++e20_k) qkv_dWk_partial_dK_tile[68*e19 + e20 + e20_k] = e20_v[e20_k];
+                }
+            } else {
+                for (int e19 = ty; e19 < 16; e19 += 8) {
+                    for (int e20 = tx; e20 < 64; e20 += 16) {
+                        qkv_dWk_partial_dK_tile[68*e19 + e20] = (64*c_blk + e20 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dK[64*c_blk + dh*(e19 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e20] : 0.0);
+                    }
                 }
             }
-            for (int e17 = ty; e17 < 32; e17 += 8) {
-                for (int e18 = tx; e18 < 16; e18 += 16) {
-                    qkv_dWk_partial_XT_tile[e17 + 36*e18] = (e17 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e18 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e18 + 16*i_blk + n*(b*dm + e17 + 32*m_blk)] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e18_g = ty * 16 + tx; e18_g < 128; e18_g += 128) {
+                    const int e17 = e18_g / 4, e18 = e18_g % 4 * 4;
+                    double e18_v[4] = {0, 0, 0, 0};
+                    if (e17 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e18 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e18_v, &qkv_XT[e18 + 16*i_blk + n*(b*dm + e17 + 32*m_blk)]);
+                    #pragma unroll
+                    for (int e18_k = 0; e18_k < 4; ++e18_k) qkv_dWk_partial_XT_tile[e17 + 36*e18 + 36*e18_k] = e18_v[e18_k];
+                }
+            } else {
+                for (int e17 = ty; e17 < 32; e17 += 8) {
+                    for (int e18 = tx; e18 < 16; e18 += 16) {
+                        qkv_dWk_partial_XT_tile[e17 + 36*e18] = (e17 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e18 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e18 + 16*i_blk + n*(b*dm + e17 + 32*m_blk)] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // qkv_dWk_partial_XT_tile read after qkv_dWk_partial_XT_tile copied; qkv_dWk_partial_dK_tile read after qkv_dWk_partial_dK_tile copied
@@ -2167,6 +2455,7 @@ __global__ void block_bwd_composed_f64_qkv_dWk(
  * for i_part_h / m_blk / c_blk / m / c / b / i_blk / e23, e21, i (simd) / e24 (simd), e22
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f64_qkv_dWv_partial(
     double *__restrict__ dV,
     double *__restrict__ qkv_XT,
@@ -2206,14 +2495,34 @@ __global__ void block_bwd_composed_f64_qkv_dWv_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // qkv_dWv_partial_dV_tile copied after qkv_dWv_partial_dV_tile copied and read
-            for (int e23 = ty; e23 < 16; e23 += 8) {
-                for (int e24 = tx; e24 < 64; e24 += 16) {
-                    qkv_dWv_partial_dV_tile[68*e23 + e24] = (64*c_blk + e24 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dV[64*c_blk + dh*(e23 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e24] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e24_g = ty * 16 + tx; e24_g < 256; e24_g += 128) {
+                    const int e23 = e24_g / 16, e24 = e24_g % 16 * 4;
+                    double e24_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e24 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e24_v, &dV[64*c_blk + dh*(e23 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e24]);
+                    #pragma unroll
+                    for (int e24_k = 0; e24_k < 4; ++e24_k) qkv_dWv_partial_dV_tile[68*e23 + e24 + e24_k] = e24_v[e24_k];
+                }
+            } else {
+                for (int e23 = ty; e23 < 16; e23 += 8) {
+                    for (int e24 = tx; e24 < 64; e24 += 16) {
+                        qkv_dWv_partial_dV_tile[68*e23 + e24] = (64*c_blk + e24 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dV[64*c_blk + dh*(e23 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e24] : 0.0);
+                    }
                 }
             }
-            for (int e21 = ty; e21 < 32; e21 += 8) {
-                for (int e22 = tx; e22 < 16; e22 += 16) {
-                    qkv_dWv_partial_XT_tile[e21 + 36*e22] = (e21 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e22 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e22 + 16*i_blk + n*(b*dm + e21 + 32*m_blk)] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e22_g = ty * 16 + tx; e22_g < 128; e22_g += 128) {
+                    const int e21 = e22_g / 4, e22 = e22_g % 4 * 4;
+                    double e22_v[4] = {0, 0, 0, 0};
+                    if (e21 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e22 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e22_v, &qkv_XT[e22 + 16*i_blk + n*(b*dm + e21 + 32*m_blk)]);
+                    #pragma unroll
+                    for (int e22_k = 0; e22_k < 4; ++e22_k) qkv_dWv_partial_XT_tile[e21 + 36*e22 + 36*e22_k] = e22_v[e22_k];
+                }
+            } else {
+                for (int e21 = ty; e21 < 32; e21 += 8) {
+                    for (int e22 = tx; e22 < 16; e22 += 16) {
+                        qkv_dWv_partial_XT_tile[e21 + 36*e22] = (e21 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e22 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e22 + 16*i_blk + n*(b*dm + e21 + 32*m_blk)] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // qkv_dWv_partial_XT_tile read after qkv_dWv_partial_XT_tile copied; qkv_dWv_partial_dV_tile read after qkv_dWv_partial_dV_tile copied
@@ -2454,11 +2763,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (batch*((dff + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)dy | (uintptr_t)mlp_WdT) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dH, "block_bwd_composed_f64_mlp_dH", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dH<1>, "block_bwd_composed_f64_mlp_dH<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH<1>, grid, block, shared, stream,
+                          dy, mlp_WdT, mlp_dH, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dH<0>, "block_bwd_composed_f64_mlp_dH<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dH<0>, grid, block, shared, stream,
                           dy, mlp_WdT, mlp_dH, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2493,11 +2809,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (3*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)mlp_WgT | (uintptr_t)mlp_WuT | (uintptr_t)mlp_dU | (uintptr_t)mlp_dV) % 16) == 0) {
             const size_t shared = 44032;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dX_partial, "block_bwd_composed_f64_mlp_dX_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dX_partial<1>, "block_bwd_composed_f64_mlp_dX_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_partial<1>, grid, block, shared, stream,
+                          mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_dX_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 44032;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dX_partial<0>, "block_bwd_composed_f64_mlp_dX_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dX_partial<0>, grid, block, shared, stream,
                           mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_dX_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2523,11 +2846,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (3*((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(3)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && n % 4 == 0 && (((uintptr_t)mlp_XT | (uintptr_t)mlp_dU) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWg_partial, "block_bwd_composed_f64_mlp_dWg_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWg_partial<1>, "block_bwd_composed_f64_mlp_dWg_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_partial<1>, grid, block, shared, stream,
+                          mlp_dU, mlp_XT, mlp_dWg_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWg_partial<0>, "block_bwd_composed_f64_mlp_dWg_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWg_partial<0>, grid, block, shared, stream,
                           mlp_dU, mlp_XT, mlp_dWg_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2544,11 +2874,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (3*((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(3)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && n % 4 == 0 && (((uintptr_t)mlp_XT | (uintptr_t)mlp_dV) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWu_partial, "block_bwd_composed_f64_mlp_dWu_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWu_partial<1>, "block_bwd_composed_f64_mlp_dWu_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_partial<1>, grid, block, shared, stream,
+                          mlp_dV, mlp_XT, mlp_dWu_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWu_partial<0>, "block_bwd_composed_f64_mlp_dWu_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWu_partial<0>, grid, block, shared, stream,
                           mlp_dV, mlp_XT, mlp_dWu_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2574,11 +2911,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (3*((dff + 31) / 32)*((dm + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((dff + 31) / 32)), (unsigned int)(3)), block(64, 2, 1);
-        {
+        if (dm % 4 == 0 && n % 4 == 0 && (((uintptr_t)dy | (uintptr_t)mlp_HT) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWd_partial, "block_bwd_composed_f64_mlp_dWd_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWd_partial<1>, "block_bwd_composed_f64_mlp_dWd_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_partial<1>, grid, block, shared, stream,
+                          dy, mlp_HT, mlp_dWd_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_mlp_dWd_partial<0>, "block_bwd_composed_f64_mlp_dWd_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_mlp_dWd_partial<0>, grid, block, shared, stream,
                           dy, mlp_HT, mlp_dWd_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2631,11 +2975,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (8*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(8*batch*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)dresid | (uintptr_t)out_WoT) % 16) == 0) {
             const size_t shared = 13312;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_out_dO_partial, "block_bwd_composed_f64_out_dO_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_out_dO_partial<1>, "block_bwd_composed_f64_out_dO_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_partial<1>, grid, block, shared, stream,
+                          dresid, out_WoT, out_dO_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_out_dO_partial<0>, "block_bwd_composed_f64_out_dO_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dO_partial<0>, grid, block, shared, stream,
                           dresid, out_WoT, out_dO_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2652,11 +3003,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (8*heads*((dh + 31) / 32)*((dm + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((dh + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)attn | (uintptr_t)dresid) % 16) == 0) {
             const size_t shared = 13312;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_out_dWo_partial, "block_bwd_composed_f64_out_dWo_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_out_dWo_partial<1>, "block_bwd_composed_f64_out_dWo_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_partial<1>, grid, block, shared, stream,
+                          attn, dresid, out_dWo_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_out_dWo_partial<0>, "block_bwd_composed_f64_out_dWo_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_out_dWo_partial<0>, grid, block, shared, stream,
                           attn, dresid, out_dWo_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2758,11 +3116,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (8*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(8*batch)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)dK | (uintptr_t)dQ | (uintptr_t)dV | (uintptr_t)qkv_WkT | (uintptr_t)qkv_WqT | (uintptr_t)qkv_WvT) % 16) == 0) {
             const size_t shared = 39936;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dX_partial, "block_bwd_composed_f64_qkv_dX_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dX_partial<1>, "block_bwd_composed_f64_qkv_dX_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_partial<1>, grid, block, shared, stream,
+                          dQ, dK, dV, qkv_WqT, qkv_WkT, qkv_WvT, qkv_dX_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 39936;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dX_partial<0>, "block_bwd_composed_f64_qkv_dX_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dX_partial<0>, grid, block, shared, stream,
                           dQ, dK, dV, qkv_WqT, qkv_WkT, qkv_WvT, qkv_dX_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2788,11 +3153,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (8*heads*((dh + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && n % 4 == 0 && (((uintptr_t)dQ | (uintptr_t)qkv_XT) % 16) == 0) {
             const size_t shared = 13312;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWq_partial, "block_bwd_composed_f64_qkv_dWq_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWq_partial<1>, "block_bwd_composed_f64_qkv_dWq_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_partial<1>, grid, block, shared, stream,
+                          dQ, qkv_XT, qkv_dWq_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWq_partial<0>, "block_bwd_composed_f64_qkv_dWq_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWq_partial<0>, grid, block, shared, stream,
                           dQ, qkv_XT, qkv_dWq_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2809,11 +3181,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (8*heads*((dh + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && n % 4 == 0 && (((uintptr_t)dK | (uintptr_t)qkv_XT) % 16) == 0) {
             const size_t shared = 13312;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWk_partial, "block_bwd_composed_f64_qkv_dWk_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWk_partial<1>, "block_bwd_composed_f64_qkv_dWk_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_partial<1>, grid, block, shared, stream,
+                          dK, qkv_XT, qkv_dWk_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWk_partial<0>, "block_bwd_composed_f64_qkv_dWk_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWk_partial<0>, grid, block, shared, stream,
                           dK, qkv_XT, qkv_dWk_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2830,11 +3209,18 @@ extern "C" int block_bwd_composed_f64(
     }
     if (8*heads*((dh + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && n % 4 == 0 && (((uintptr_t)dV | (uintptr_t)qkv_XT) % 16) == 0) {
             const size_t shared = 13312;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWv_partial, "block_bwd_composed_f64_qkv_dWv_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWv_partial<1>, "block_bwd_composed_f64_qkv_dWv_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_partial<1>, grid, block, shared, stream,
+                          dV, qkv_XT, qkv_dWv_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 13312;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f64_qkv_dWv_partial<0>, "block_bwd_composed_f64_qkv_dWv_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f64_qkv_dWv_partial<0>, grid, block, shared, stream,
                           dV, qkv_XT, qkv_dWv_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2923,6 +3309,7 @@ __global__ void block_bwd_composed_f32_mlp_WdT(
  * for b / i_blk / e_blk / i, e6 / e, e7 (simd) / c_blk / e4, e2, c (simd) / e5 (simd), e3
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_mlp_dH(
     const float *__restrict__ dy,
     float *__restrict__ mlp_WdT,
@@ -2948,14 +3335,34 @@ __global__ void block_bwd_composed_f32_mlp_dH(
     }
     for (int c_blk = 0; c_blk < quot; ++c_blk) {
         __syncthreads();  // mlp_dH_WdT_tile copied after mlp_dH_WdT_tile copied and read
-        for (int e4 = ty; e4 < 16; e4 += 2) {
-            for (int e5 = tx; e5 < 64; e5 += 64) {
-                mlp_dH_WdT_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_WdT[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e5_g = ty * 64 + tx; e5_g < 256; e5_g += 128) {
+                const int e4 = e5_g / 16, e5 = e5_g % 16 * 4;
+                float e5_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e5_v, &mlp_WdT[dff*(16*c_blk + e4) + e5 + 64*e_blk]);
+                #pragma unroll
+                for (int e5_k = 0; e5_k < 4; ++e5_k) mlp_dH_WdT_tile[68*e4 + e5 + e5_k] = e5_v[e5_k];
+            }
+        } else {
+            for (int e4 = ty; e4 < 16; e4 += 2) {
+                for (int e5 = tx; e5 < 64; e5 += 64) {
+                    mlp_dH_WdT_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_WdT[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0f);
+                }
             }
         }
-        for (int e2 = ty; e2 < 32; e2 += 2) {
-            for (int e3 = tx; e3 < 16; e3 += 64) {
-                mlp_dH_dF_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dy[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e3_g = ty * 64 + tx; e3_g < 128; e3_g += 128) {
+                const int e2 = e3_g / 4, e3 = e3_g % 4 * 4;
+                float e3_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e3_v, &dy[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3]);
+                #pragma unroll
+                for (int e3_k = 0; e3_k < 4; ++e3_k) mlp_dH_dF_tile[e2 + 36*e3 + 36*e3_k] = e3_v[e3_k];
+            }
+        } else {
+            for (int e2 = ty; e2 < 32; e2 += 2) {
+                for (int e3 = tx; e3 < 16; e3 += 64) {
+                    mlp_dH_dF_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dy[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0f);
+                }
             }
         }
         __syncthreads();  // mlp_dH_dF_tile read after mlp_dH_dF_tile copied; mlp_dH_WdT_tile read after mlp_dH_WdT_tile copied
@@ -3081,6 +3488,7 @@ __global__ void block_bwd_composed_f32_mlp_WuT(
  * for e_part_b / i_blk / c_blk / i, e16 / c, e17 (simd) / e_blk / e14, e12, e10, e8, e
  *     (simd) / e15 (simd), e13 (simd), e11 (simd), e9 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_mlp_dX_partial(
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_WgT,
@@ -3112,24 +3520,64 @@ __global__ void block_bwd_composed_f32_mlp_dX_partial(
     }
     for (int e_blk = quot2*quot3; e_blk < (quot < quot2*quot3 + quot3 ? quot : quot2*quot3 + quot3); ++e_blk) {
         __syncthreads();  // mlp_dX_partial_WuT_tile copied after mlp_dX_partial_WuT_tile copied and read
-        for (int e14 = ty; e14 < 16; e14 += 2) {
-            for (int e15 = tx; e15 < 64; e15 += 64) {
-                mlp_dX_partial_WuT_tile[68*e14 + e15] = (64*c_blk + e15 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e14 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WuT[64*c_blk + dm*(e14 + 16*e_blk) + e15] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e15_g = ty * 64 + tx; e15_g < 256; e15_g += 128) {
+                const int e14 = e15_g / 16, e15 = e15_g % 16 * 4;
+                float e15_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e15 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e14 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e15_v, &mlp_WuT[64*c_blk + dm*(e14 + 16*e_blk) + e15]);
+                #pragma unroll
+                for (int e15_k = 0; e15_k < 4; ++e15_k) mlp_dX_partial_WuT_tile[68*e14 + e15 + e15_k] = e15_v[e15_k];
+            }
+        } else {
+            for (int e14 = ty; e14 < 16; e14 += 2) {
+                for (int e15 = tx; e15 < 64; e15 += 64) {
+                    mlp_dX_partial_WuT_tile[68*e14 + e15] = (64*c_blk + e15 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e14 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WuT[64*c_blk + dm*(e14 + 16*e_blk) + e15] : 0.0f);
+                }
             }
         }
-        for (int e12 = ty; e12 < 32; e12 += 2) {
-            for (int e13 = tx; e13 < 16; e13 += 64) {
-                mlp_dX_partial_dV_tile[e12 + 36*e13] = (e12 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e13 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dV[dff*(e12 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e13 + 16*e_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e13_g = ty * 64 + tx; e13_g < 128; e13_g += 128) {
+                const int e12 = e13_g / 4, e13 = e13_g % 4 * 4;
+                float e13_v[4] = {0, 0, 0, 0};
+                if (e12 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e13 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e13_v, &mlp_dV[dff*(e12 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e13 + 16*e_blk]);
+                #pragma unroll
+                for (int e13_k = 0; e13_k < 4; ++e13_k) mlp_dX_partial_dV_tile[e12 + 36*e13 + 36*e13_k] = e13_v[e13_k];
+            }
+        } else {
+            for (int e12 = ty; e12 < 32; e12 += 2) {
+                for (int e13 = tx; e13 < 16; e13 += 64) {
+                    mlp_dX_partial_dV_tile[e12 + 36*e13] = (e12 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e13 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dV[dff*(e12 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e13 + 16*e_blk] : 0.0f);
+                }
             }
         }
-        for (int e10 = ty; e10 < 16; e10 += 2) {
-            for (int e11 = tx; e11 < 64; e11 += 64) {
-                mlp_dX_partial_WgT_tile[68*e10 + e11] = (64*c_blk + e11 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e10 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WgT[64*c_blk + dm*(e10 + 16*e_blk) + e11] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e11_g = ty * 64 + tx; e11_g < 256; e11_g += 128) {
+                const int e10 = e11_g / 16, e11 = e11_g % 16 * 4;
+                float e11_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e11 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e10 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e11_v, &mlp_WgT[64*c_blk + dm*(e10 + 16*e_blk) + e11]);
+                #pragma unroll
+                for (int e11_k = 0; e11_k < 4; ++e11_k) mlp_dX_partial_WgT_tile[68*e10 + e11 + e11_k] = e11_v[e11_k];
+            }
+        } else {
+            for (int e10 = ty; e10 < 16; e10 += 2) {
+                for (int e11 = tx; e11 < 64; e11 += 64) {
+                    mlp_dX_partial_WgT_tile[68*e10 + e11] = (64*c_blk + e11 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e10 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_WgT[64*c_blk + dm*(e10 + 16*e_blk) + e11] : 0.0f);
+                }
             }
         }
-        for (int e8 = ty; e8 < 32; e8 += 2) {
-            for (int e9 = tx; e9 < 16; e9 += 64) {
-                mlp_dX_partial_dU_tile[e8 + 36*e9] = (e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e9 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dU[dff*(e8 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e9 + 16*e_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e9_g = ty * 64 + tx; e9_g < 128; e9_g += 128) {
+                const int e8 = e9_g / 4, e9 = e9_g % 4 * 4;
+                float e9_v[4] = {0, 0, 0, 0};
+                if (e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e9 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e9_v, &mlp_dU[dff*(e8 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e9 + 16*e_blk]);
+                #pragma unroll
+                for (int e9_k = 0; e9_k < 4; ++e9_k) mlp_dX_partial_dU_tile[e8 + 36*e9 + 36*e9_k] = e9_v[e9_k];
+            }
+        } else {
+            for (int e8 = ty; e8 < 32; e8 += 2) {
+                for (int e9 = tx; e9 < 16; e9 += 64) {
+                    mlp_dX_partial_dU_tile[e8 + 36*e9] = (e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e9 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_dU[dff*(e8 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e9 + 16*e_blk] : 0.0f);
+                }
             }
         }
         __syncthreads();  // mlp_dX_partial_dU_tile read after mlp_dX_partial_dU_tile copied; mlp_dX_partial_WgT_tile read after mlp_dX_partial_WgT_tile copied; mlp_dX_partial_dV_tile read after mlp_dX_partial_dV_tile copied; mlp_dX_partial_WuT_tile read after mlp_dX_partial_WuT_tile copied
@@ -3255,6 +3703,7 @@ __global__ void block_bwd_composed_f32_mlp_XT(
  * for i_part / c_blk / e_blk / c, e22 / e, e23 (simd) / b / i_blk / e20, e18, i (simd) /
  *     e21 (simd), e19 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_mlp_dWg_partial(
     float *__restrict__ mlp_dU,
     float *__restrict__ mlp_XT,
@@ -3287,14 +3736,34 @@ __global__ void block_bwd_composed_f32_mlp_dWg_partial(
         }
         for (int i_blk = i_part*quot2; i_blk < (quot < i_part*quot2 + quot2 ? quot : i_part*quot2 + quot2); ++i_blk) {
             __syncthreads();  // mlp_dWg_partial_dU_tile copied after mlp_dWg_partial_dU_tile copied and read
-            for (int e20 = ty; e20 < 16; e20 += 2) {
-                for (int e21 = tx; e21 < 64; e21 += 64) {
-                    mlp_dWg_partial_dU_tile[68*e20 + e21] = (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dU[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e21_g = ty * 64 + tx; e21_g < 256; e21_g += 128) {
+                    const int e20 = e21_g / 16, e21 = e21_g % 16 * 4;
+                    float e21_v[4] = {0, 0, 0, 0};
+                    if (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e21_v, &mlp_dU[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk]);
+                    #pragma unroll
+                    for (int e21_k = 0; e21_k < 4; ++e21_k) mlp_dWg_partial_dU_tile[68*e20 + e21 + e21_k] = e21_v[e21_k];
+                }
+            } else {
+                for (int e20 = ty; e20 < 16; e20 += 2) {
+                    for (int e21 = tx; e21 < 64; e21 += 64) {
+                        mlp_dWg_partial_dU_tile[68*e20 + e21] = (e20 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e21 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dU[dff*(b*n + e20 + 16*i_blk) + e21 + 64*e_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e18 = ty; e18 < 32; e18 += 2) {
-                for (int e19 = tx; e19 < 16; e19 += 64) {
-                    mlp_dWg_partial_XT_tile[e18 + 36*e19] = (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e19_g = ty * 64 + tx; e19_g < 128; e19_g += 128) {
+                    const int e18 = e19_g / 4, e19 = e19_g % 4 * 4;
+                    float e19_v[4] = {0, 0, 0, 0};
+                    if (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e19_v, &mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)]);
+                    #pragma unroll
+                    for (int e19_k = 0; e19_k < 4; ++e19_k) mlp_dWg_partial_XT_tile[e18 + 36*e19 + 36*e19_k] = e19_v[e19_k];
+                }
+            } else {
+                for (int e18 = ty; e18 < 32; e18 += 2) {
+                    for (int e19 = tx; e19 < 16; e19 += 64) {
+                        mlp_dWg_partial_XT_tile[e18 + 36*e19] = (32*c_blk + e18 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e19 + 16*i_blk + n*(b*dm + 32*c_blk + e18)] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // mlp_dWg_partial_XT_tile read after mlp_dWg_partial_XT_tile copied; mlp_dWg_partial_dU_tile read after mlp_dWg_partial_dU_tile copied
@@ -3378,6 +3847,7 @@ __global__ void block_bwd_composed_f32_mlp_dWg(
  * for i_part / c_blk / e_blk / c, e28 / e, e29 (simd) / b / i_blk / e26, e24, i (simd) /
  *     e27 (simd), e25 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_mlp_dWu_partial(
     float *__restrict__ mlp_dV,
     float *__restrict__ mlp_XT,
@@ -3410,14 +3880,34 @@ __global__ void block_bwd_composed_f32_mlp_dWu_partial(
         }
         for (int i_blk = i_part*quot2; i_blk < (quot < i_part*quot2 + quot2 ? quot : i_part*quot2 + quot2); ++i_blk) {
             __syncthreads();  // mlp_dWu_partial_dV_tile copied after mlp_dWu_partial_dV_tile copied and read
-            for (int e26 = ty; e26 < 16; e26 += 2) {
-                for (int e27 = tx; e27 < 64; e27 += 64) {
-                    mlp_dWu_partial_dV_tile[68*e26 + e27] = (e26 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e27 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dV[dff*(b*n + e26 + 16*i_blk) + e27 + 64*e_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e27_g = ty * 64 + tx; e27_g < 256; e27_g += 128) {
+                    const int e26 = e27_g / 16, e27 = e27_g % 16 * 4;
+                    float e27_v[4] = {0, 0, 0, 0};
+                    if (e26 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e27 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e27_v, &mlp_dV[dff*(b*n + e26 + 16*i_blk) + e27 + 64*e_blk]);
+                    #pragma unroll
+                    for (int e27_k = 0; e27_k < 4; ++e27_k) mlp_dWu_partial_dV_tile[68*e26 + e27 + e27_k] = e27_v[e27_k];
+                }
+            } else {
+                for (int e26 = ty; e26 < 16; e26 += 2) {
+                    for (int e27 = tx; e27 < 64; e27 += 64) {
+                        mlp_dWu_partial_dV_tile[68*e26 + e27] = (e26 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e27 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? mlp_dV[dff*(b*n + e26 + 16*i_blk) + e27 + 64*e_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e24 = ty; e24 < 32; e24 += 2) {
-                for (int e25 = tx; e25 < 16; e25 += 64) {
-                    mlp_dWu_partial_XT_tile[e24 + 36*e25] = (32*c_blk + e24 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e25 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e25 + 16*i_blk + n*(b*dm + 32*c_blk + e24)] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e25_g = ty * 64 + tx; e25_g < 128; e25_g += 128) {
+                    const int e24 = e25_g / 4, e25 = e25_g % 4 * 4;
+                    float e25_v[4] = {0, 0, 0, 0};
+                    if (32*c_blk + e24 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e25 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e25_v, &mlp_XT[e25 + 16*i_blk + n*(b*dm + 32*c_blk + e24)]);
+                    #pragma unroll
+                    for (int e25_k = 0; e25_k < 4; ++e25_k) mlp_dWu_partial_XT_tile[e24 + 36*e25 + 36*e25_k] = e25_v[e25_k];
+                }
+            } else {
+                for (int e24 = ty; e24 < 32; e24 += 2) {
+                    for (int e25 = tx; e25 < 16; e25 += 64) {
+                        mlp_dWu_partial_XT_tile[e24 + 36*e25] = (32*c_blk + e24 < (dm < 32*c_blk + 32 ? dm : 32*c_blk + 32) && e25 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_XT[e25 + 16*i_blk + n*(b*dm + 32*c_blk + e24)] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // mlp_dWu_partial_XT_tile read after mlp_dWu_partial_XT_tile copied; mlp_dWu_partial_dV_tile read after mlp_dWu_partial_dV_tile copied
@@ -3521,6 +4011,7 @@ __global__ void block_bwd_composed_f32_mlp_HT(
  * for i_part / e_blk / c_blk / e, e34 / c, e35 (simd) / b / i_blk / e32, e30, i (simd) /
  *     e33 (simd), e31 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_mlp_dWd_partial(
     const float *__restrict__ dy,
     float *__restrict__ mlp_HT,
@@ -3553,14 +4044,34 @@ __global__ void block_bwd_composed_f32_mlp_dWd_partial(
         }
         for (int i_blk = i_part*quot2; i_blk < (quot < i_part*quot2 + quot2 ? quot : i_part*quot2 + quot2); ++i_blk) {
             __syncthreads();  // mlp_dWd_partial_dF_tile copied after mlp_dWd_partial_dF_tile copied and read
-            for (int e32 = ty; e32 < 16; e32 += 2) {
-                for (int e33 = tx; e33 < 64; e33 += 64) {
-                    mlp_dWd_partial_dF_tile[68*e32 + e33] = (64*c_blk + e33 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e32 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dy[64*c_blk + dm*(b*n + e32 + 16*i_blk) + e33] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e33_g = ty * 64 + tx; e33_g < 256; e33_g += 128) {
+                    const int e32 = e33_g / 16, e33 = e33_g % 16 * 4;
+                    float e33_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e33 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e32 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e33_v, &dy[64*c_blk + dm*(b*n + e32 + 16*i_blk) + e33]);
+                    #pragma unroll
+                    for (int e33_k = 0; e33_k < 4; ++e33_k) mlp_dWd_partial_dF_tile[68*e32 + e33 + e33_k] = e33_v[e33_k];
+                }
+            } else {
+                for (int e32 = ty; e32 < 16; e32 += 2) {
+                    for (int e33 = tx; e33 < 64; e33 += 64) {
+                        mlp_dWd_partial_dF_tile[68*e32 + e33] = (64*c_blk + e33 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e32 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dy[64*c_blk + dm*(b*n + e32 + 16*i_blk) + e33] : 0.0f);
+                    }
                 }
             }
-            for (int e30 = ty; e30 < 32; e30 += 2) {
-                for (int e31 = tx; e31 < 16; e31 += 64) {
-                    mlp_dWd_partial_HT_tile[e30 + 36*e31] = (e30 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e31 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_HT[e31 + 16*i_blk + n*(b*dff + e30 + 32*e_blk)] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e31_g = ty * 64 + tx; e31_g < 128; e31_g += 128) {
+                    const int e30 = e31_g / 4, e31 = e31_g % 4 * 4;
+                    float e31_v[4] = {0, 0, 0, 0};
+                    if (e30 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e31 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e31_v, &mlp_HT[e31 + 16*i_blk + n*(b*dff + e30 + 32*e_blk)]);
+                    #pragma unroll
+                    for (int e31_k = 0; e31_k < 4; ++e31_k) mlp_dWd_partial_HT_tile[e30 + 36*e31 + 36*e31_k] = e31_v[e31_k];
+                }
+            } else {
+                for (int e30 = ty; e30 < 32; e30 += 2) {
+                    for (int e31 = tx; e31 < 16; e31 += 64) {
+                        mlp_dWd_partial_HT_tile[e30 + 36*e31] = (e30 + 32*e_blk < (dff < 32*e_blk + 32 ? dff : 32*e_blk + 32) && e31 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? mlp_HT[e31 + 16*i_blk + n*(b*dff + e30 + 32*e_blk)] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // mlp_dWd_partial_HT_tile read after mlp_dWd_partial_HT_tile copied; mlp_dWd_partial_dF_tile read after mlp_dWd_partial_dF_tile copied
@@ -3740,6 +4251,7 @@ __global__ void block_bwd_composed_f32_out_WoT(
 /* out.dO.partial: writes out_dO_partial_WoT_tile, out_dO_partial_dY_tile; scratch out_dO_part, out_WoT, dresid
  * for m_part_b_h / i_blk / c_blk / i / c / m_blk / e3, e, m (simd) / e4 (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_out_dO_partial(
     float *__restrict__ dresid,
     float *__restrict__ out_WoT,
@@ -3771,14 +4283,34 @@ __global__ void block_bwd_composed_f32_out_dO_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // out_dO_partial_WoT_tile copied after out_dO_partial_WoT_tile copied and read
-        for (int e3 = ty; e3 < 16; e3 += 8) {
-            for (int e4 = tx; e4 < 64; e4 += 16) {
-                out_dO_partial_WoT_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? out_WoT[64*c_blk + dh*(dm*(-heads*quot3 + m_part_b_h) + e3 + 16*m_blk) + e4] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e4_g = ty * 16 + tx; e4_g < 256; e4_g += 128) {
+                const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                float e4_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e4_v, &out_WoT[64*c_blk + dh*(dm*(-heads*quot3 + m_part_b_h) + e3 + 16*m_blk) + e4]);
+                #pragma unroll
+                for (int e4_k = 0; e4_k < 4; ++e4_k) out_dO_partial_WoT_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+            }
+        } else {
+            for (int e3 = ty; e3 < 16; e3 += 8) {
+                for (int e4 = tx; e4 < 64; e4 += 16) {
+                    out_dO_partial_WoT_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? out_WoT[64*c_blk + dh*(dm*(-heads*quot3 + m_part_b_h) + e3 + 16*m_blk) + e4] : 0.0f);
+                }
             }
         }
-        for (int e = ty; e < 32; e += 8) {
-            for (int e2 = tx; e2 < 16; e2 += 16) {
-                out_dO_partial_dY_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? dresid[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e2_g = ty * 16 + tx; e2_g < 128; e2_g += 128) {
+                const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                float e2_v[4] = {0, 0, 0, 0};
+                if (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e2_v, &dresid[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk]);
+                #pragma unroll
+                for (int e2_k = 0; e2_k < 4; ++e2_k) out_dO_partial_dY_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+            }
+        } else {
+            for (int e = ty; e < 32; e += 8) {
+                for (int e2 = tx; e2 < 16; e2 += 16) {
+                    out_dO_partial_dY_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? dresid[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0f);
+                }
             }
         }
         __syncthreads();  // out_dO_partial_dY_tile read after out_dO_partial_dY_tile copied; out_dO_partial_WoT_tile read after out_dO_partial_WoT_tile copied
@@ -3836,6 +4368,7 @@ __global__ void block_bwd_composed_f32_out_dO(
  * for i_part_h / c_blk / m_blk / c / m / b / i_blk / e7, e5, i (simd) / e8 (simd), e6
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_out_dWo_partial(
     const float *__restrict__ attn,
     float *__restrict__ dresid,
@@ -3875,14 +4408,34 @@ __global__ void block_bwd_composed_f32_out_dWo_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // out_dWo_partial_dY_tile copied after out_dWo_partial_dY_tile copied and read
-            for (int e7 = ty; e7 < 16; e7 += 8) {
-                for (int e8 = tx; e8 < 64; e8 += 16) {
-                    out_dWo_partial_dY_tile[68*e7 + e8] = (e7 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? dresid[dm*(b*n + e7 + 16*i_blk) + e8 + 64*m_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e8_g = ty * 16 + tx; e8_g < 256; e8_g += 128) {
+                    const int e7 = e8_g / 16, e8 = e8_g % 16 * 4;
+                    float e8_v[4] = {0, 0, 0, 0};
+                    if (e7 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e8_v, &dresid[dm*(b*n + e7 + 16*i_blk) + e8 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e8_k = 0; e8_k < 4; ++e8_k) out_dWo_partial_dY_tile[68*e7 + e8 + e8_k] = e8_v[e8_k];
+                }
+            } else {
+                for (int e7 = ty; e7 < 16; e7 += 8) {
+                    for (int e8 = tx; e8 < 64; e8 += 16) {
+                        out_dWo_partial_dY_tile[68*e7 + e8] = (e7 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? dresid[dm*(b*n + e7 + 16*i_blk) + e8 + 64*m_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e5 = ty; e5 < 16; e5 += 8) {
-                for (int e6 = tx; e6 < 32; e6 += 16) {
-                    out_dWo_partial_O_tile[36*e5 + e6] = (32*c_blk + e6 < (dh < 32*c_blk + 32 ? dh : 32*c_blk + 32) && e5 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? attn[32*c_blk + dh*(e5 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e6] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e6_g = ty * 16 + tx; e6_g < 128; e6_g += 128) {
+                    const int e5 = e6_g / 8, e6 = e6_g % 8 * 4;
+                    float e6_v[4] = {0, 0, 0, 0};
+                    if (32*c_blk + e6 < (dh < 32*c_blk + 32 ? dh : 32*c_blk + 32) && e5 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e6_v, &attn[32*c_blk + dh*(e5 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e6]);
+                    #pragma unroll
+                    for (int e6_k = 0; e6_k < 4; ++e6_k) out_dWo_partial_O_tile[36*e5 + e6 + e6_k] = e6_v[e6_k];
+                }
+            } else {
+                for (int e5 = ty; e5 < 16; e5 += 8) {
+                    for (int e6 = tx; e6 < 32; e6 += 16) {
+                        out_dWo_partial_O_tile[36*e5 + e6] = (32*c_blk + e6 < (dh < 32*c_blk + 32 ? dh : 32*c_blk + 32) && e5 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? attn[32*c_blk + dh*(e5 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e6] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // out_dWo_partial_O_tile read after out_dWo_partial_O_tile copied; out_dWo_partial_dY_tile read after out_dWo_partial_dY_tile copied
@@ -4510,6 +5063,7 @@ __global__ void block_bwd_composed_f32_qkv_WvT(
  * for h_part_b / i_blk / m_blk / i / m / h / c_blk / e11, e9, e7, e5, e3, e, c (simd) /
  *     e12 (simd), e10 (simd), e8 (simd), e6 (simd), e4 (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_qkv_dX_partial(
     float *__restrict__ dQ,
     float *__restrict__ dK,
@@ -4557,34 +5111,94 @@ __global__ void block_bwd_composed_f32_qkv_dX_partial(
         }
         for (int c_blk = 0; c_blk < quot3; ++c_blk) {
             __syncthreads();  // qkv_dX_partial_WvT_tile copied after qkv_dX_partial_WvT_tile copied and read
-            for (int e11 = ty; e11 < 16; e11 += 8) {
-                for (int e12 = tx; e12 < 64; e12 += 16) {
-                    qkv_dX_partial_WvT_tile[68*e11 + e12] = (16*c_blk + e11 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e12 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WvT[dm*(16*c_blk + dh*h + e11) + e12 + 64*m_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e12_g = ty * 16 + tx; e12_g < 256; e12_g += 128) {
+                    const int e11 = e12_g / 16, e12 = e12_g % 16 * 4;
+                    float e12_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e11 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e12 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e12_v, &qkv_WvT[dm*(16*c_blk + dh*h + e11) + e12 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e12_k = 0; e12_k < 4; ++e12_k) qkv_dX_partial_WvT_tile[68*e11 + e12 + e12_k] = e12_v[e12_k];
+                }
+            } else {
+                for (int e11 = ty; e11 < 16; e11 += 8) {
+                    for (int e12 = tx; e12 < 64; e12 += 16) {
+                        qkv_dX_partial_WvT_tile[68*e11 + e12] = (16*c_blk + e11 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e12 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WvT[dm*(16*c_blk + dh*h + e11) + e12 + 64*m_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e9 = ty; e9 < 32; e9 += 8) {
-                for (int e10 = tx; e10 < 16; e10 += 16) {
-                    qkv_dX_partial_dV_tile[36*e10 + e9] = (16*c_blk + e10 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dV[16*c_blk + dh*(e9 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e10] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e10_g = ty * 16 + tx; e10_g < 128; e10_g += 128) {
+                    const int e9 = e10_g / 4, e10 = e10_g % 4 * 4;
+                    float e10_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e10 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e10_v, &dV[16*c_blk + dh*(e9 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e10]);
+                    #pragma unroll
+                    for (int e10_k = 0; e10_k < 4; ++e10_k) qkv_dX_partial_dV_tile[36*e10 + 36*e10_k + e9] = e10_v[e10_k];
+                }
+            } else {
+                for (int e9 = ty; e9 < 32; e9 += 8) {
+                    for (int e10 = tx; e10 < 16; e10 += 16) {
+                        qkv_dX_partial_dV_tile[36*e10 + e9] = (16*c_blk + e10 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e9 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dV[16*c_blk + dh*(e9 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e10] : 0.0f);
+                    }
                 }
             }
-            for (int e7 = ty; e7 < 16; e7 += 8) {
-                for (int e8 = tx; e8 < 64; e8 += 16) {
-                    qkv_dX_partial_WkT_tile[68*e7 + e8] = (16*c_blk + e7 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WkT[dm*(16*c_blk + dh*h + e7) + e8 + 64*m_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e8_g = ty * 16 + tx; e8_g < 256; e8_g += 128) {
+                    const int e7 = e8_g / 16, e8 = e8_g % 16 * 4;
+                    float e8_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e7 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e8_v, &qkv_WkT[dm*(16*c_blk + dh*h + e7) + e8 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e8_k = 0; e8_k < 4; ++e8_k) qkv_dX_partial_WkT_tile[68*e7 + e8 + e8_k] = e8_v[e8_k];
+                }
+            } else {
+                for (int e7 = ty; e7 < 16; e7 += 8) {
+                    for (int e8 = tx; e8 < 64; e8 += 16) {
+                        qkv_dX_partial_WkT_tile[68*e7 + e8] = (16*c_blk + e7 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e8 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WkT[dm*(16*c_blk + dh*h + e7) + e8 + 64*m_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e5 = ty; e5 < 32; e5 += 8) {
-                for (int e6 = tx; e6 < 16; e6 += 16) {
-                    qkv_dX_partial_dK_tile[e5 + 36*e6] = (16*c_blk + e6 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dK[16*c_blk + dh*(e5 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e6] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e6_g = ty * 16 + tx; e6_g < 128; e6_g += 128) {
+                    const int e5 = e6_g / 4, e6 = e6_g % 4 * 4;
+                    float e6_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e6 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e6_v, &dK[16*c_blk + dh*(e5 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e6]);
+                    #pragma unroll
+                    for (int e6_k = 0; e6_k < 4; ++e6_k) qkv_dX_partial_dK_tile[e5 + 36*e6 + 36*e6_k] = e6_v[e6_k];
+                }
+            } else {
+                for (int e5 = ty; e5 < 32; e5 += 8) {
+                    for (int e6 = tx; e6 < 16; e6 += 16) {
+                        qkv_dX_partial_dK_tile[e5 + 36*e6] = (16*c_blk + e6 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e5 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dK[16*c_blk + dh*(e5 + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e6] : 0.0f);
+                    }
                 }
             }
-            for (int e3 = ty; e3 < 16; e3 += 8) {
-                for (int e4 = tx; e4 < 64; e4 += 16) {
-                    qkv_dX_partial_WqT_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WqT[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e4_g = ty * 16 + tx; e4_g < 256; e4_g += 128) {
+                    const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                    float e4_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e4_v, &qkv_WqT[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e4_k = 0; e4_k < 4; ++e4_k) qkv_dX_partial_WqT_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+                }
+            } else {
+                for (int e3 = ty; e3 < 16; e3 += 8) {
+                    for (int e4 = tx; e4 < 64; e4 += 16) {
+                        qkv_dX_partial_WqT_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? qkv_WqT[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e = ty; e < 32; e += 8) {
-                for (int e2 = tx; e2 < 16; e2 += 16) {
-                    qkv_dX_partial_dQ_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dQ[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e2_g = ty * 16 + tx; e2_g < 128; e2_g += 128) {
+                    const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                    float e2_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e2_v, &dQ[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2]);
+                    #pragma unroll
+                    for (int e2_k = 0; e2_k < 4; ++e2_k) qkv_dX_partial_dQ_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+                }
+            } else {
+                for (int e = ty; e < 32; e += 8) {
+                    for (int e2 = tx; e2 < 16; e2 += 16) {
+                        qkv_dX_partial_dQ_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? dQ[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // qkv_dX_partial_dQ_tile read after qkv_dX_partial_dQ_tile copied; qkv_dX_partial_WqT_tile read after qkv_dX_partial_WqT_tile copied; qkv_dX_partial_dK_tile read after qkv_dX_partial_dK_tile copied; qkv_dX_partial_WkT_tile read after qkv_dX_partial_WkT_tile copied; qkv_dX_partial_dV_tile read after qkv_dX_partial_dV_tile copied; qkv_dX_partial_WvT_tile read after qkv_dX_partial_WvT_tile copied
@@ -4684,6 +5298,7 @@ __global__ void block_bwd_composed_f32_qkv_XT(
  * for i_part_h / m_blk / c_blk / m / c / b / i_blk / e15, e13, i (simd) / e16 (simd), e14
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_qkv_dWq_partial(
     float *__restrict__ dQ,
     float *__restrict__ qkv_XT,
@@ -4723,14 +5338,34 @@ __global__ void block_bwd_composed_f32_qkv_dWq_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // qkv_dWq_partial_dQ_tile copied after qkv_dWq_partial_dQ_tile copied and read
-            for (int e15 = ty; e15 < 16; e15 += 8) {
-                for (int e16 = tx; e16 < 64; e16 += 16) {
-                    qkv_dWq_partial_dQ_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dQ[64*c_blk + dh*(e15 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e16] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e16_g = ty * 16 + tx; e16_g < 256; e16_g += 128) {
+                    const int e15 = e16_g / 16, e16 = e16_g % 16 * 4;
+                    float e16_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e16_v, &dQ[64*c_blk + dh*(e15 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e16]);
+                    #pragma unroll
+                    for (int e16_k = 0; e16_k < 4; ++e16_k) qkv_dWq_partial_dQ_tile[68*e15 + e16 + e16_k] = e16_v[e16_k];
+                }
+            } else {
+                for (int e15 = ty; e15 < 16; e15 += 8) {
+                    for (int e16 = tx; e16 < 64; e16 += 16) {
+                        qkv_dWq_partial_dQ_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dQ[64*c_blk + dh*(e15 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e16] : 0.0f);
+                    }
                 }
             }
-            for (int e13 = ty; e13 < 32; e13 += 8) {
-                for (int e14 = tx; e14 < 16; e14 += 16) {
-                    qkv_dWq_partial_XT_tile[e13 + 36*e14] = (e13 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e14 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e14 + 16*i_blk + n*(b*dm + e13 + 32*m_blk)] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e14_g = ty * 16 + tx; e14_g < 128; e14_g += 128) {
+                    const int e13 = e14_g / 4, e14 = e14_g % 4 * 4;
+                    float e14_v[4] = {0, 0, 0, 0};
+                    if (e13 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e14 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e14_v, &qkv_XT[e14 + 16*i_blk + n*(b*dm + e13 + 32*m_blk)]);
+                    #pragma unroll
+                    for (int e14_k = 0; e14_k < 4; ++e14_k) qkv_dWq_partial_XT_tile[e13 + 36*e14 + 36*e14_k] = e14_v[e14_k];
+                }
+            } else {
+                for (int e13 = ty; e13 < 32; e13 += 8) {
+                    for (int e14 = tx; e14 < 16; e14 += 16) {
+                        qkv_dWq_partial_XT_tile[e13 + 36*e14] = (e13 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e14 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e14 + 16*i_blk + n*(b*dm + e13 + 32*m_blk)] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // qkv_dWq_partial_XT_tile read after qkv_dWq_partial_XT_tile copied; qkv_dWq_partial_dQ_tile read after qkv_dWq_partial_dQ_tile copied
@@ -4793,6 +5428,7 @@ __global__ void block_bwd_composed_f32_qkv_dWq(
  * for i_part_h / m_blk / c_blk / m / c / b / i_blk / e19, e17, i (simd) / e20 (simd), e18
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_qkv_dWk_partial(
     float *__restrict__ dK,
     float *__restrict__ qkv_XT,
@@ -4832,14 +5468,34 @@ __global__ void block_bwd_composed_f32_qkv_dWk_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // qkv_dWk_partial_dK_tile copied after qkv_dWk_partial_dK_tile copied and read
-            for (int e19 = ty; e19 < 16; e19 += 8) {
-                for (int e20 = tx; e20 < 64; e20 += 16) {
-                    qkv_dWk_partial_dK_tile[68*e19 + e20] = (64*c_blk + e20 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dK[64*c_blk + dh*(e19 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e20] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e20_g = ty * 16 + tx; e20_g < 256; e20_g += 128) {
+                    const int e19 = e20_g / 16, e20 = e20_g % 16 * 4;
+                    float e20_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e20 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e20_v, &dK[64*c_blk + dh*(e19 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e20]);
+                    #pragma unroll
+                    for (int e20_k = 0; e20_k < 4; ++e20_k) qkv_dWk_partial_dK_tile[68*e19 + e20 + e20_k] = e20_v[e20_k];
+                }
+            } else {
+                for (int e19 = ty; e19 < 16; e19 += 8) {
+                    for (int e20 = tx; e20 < 64; e20 += 16) {
+                        qkv_dWk_partial_dK_tile[68*e19 + e20] = (64*c_blk + e20 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e19 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dK[64*c_blk + dh*(e19 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e20] : 0.0f);
+                    }
                 }
             }
-            for (int e17 = ty; e17 < 32; e17 += 8) {
-                for (int e18 = tx; e18 < 16; e18 += 16) {
-                    qkv_dWk_partial_XT_tile[e17 + 36*e18] = (e17 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e18 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e18 + 16*i_blk + n*(b*dm + e17 + 32*m_blk)] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e18_g = ty * 16 + tx; e18_g < 128; e18_g += 128) {
+                    const int e17 = e18_g / 4, e18 = e18_g % 4 * 4;
+                    float e18_v[4] = {0, 0, 0, 0};
+                    if (e17 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e18 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e18_v, &qkv_XT[e18 + 16*i_blk + n*(b*dm + e17 + 32*m_blk)]);
+                    #pragma unroll
+                    for (int e18_k = 0; e18_k < 4; ++e18_k) qkv_dWk_partial_XT_tile[e17 + 36*e18 + 36*e18_k] = e18_v[e18_k];
+                }
+            } else {
+                for (int e17 = ty; e17 < 32; e17 += 8) {
+                    for (int e18 = tx; e18 < 16; e18 += 16) {
+                        qkv_dWk_partial_XT_tile[e17 + 36*e18] = (e17 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e18 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e18 + 16*i_blk + n*(b*dm + e17 + 32*m_blk)] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // qkv_dWk_partial_XT_tile read after qkv_dWk_partial_XT_tile copied; qkv_dWk_partial_dK_tile read after qkv_dWk_partial_dK_tile copied
@@ -4902,6 +5558,7 @@ __global__ void block_bwd_composed_f32_qkv_dWk(
  * for i_part_h / m_blk / c_blk / m / c / b / i_blk / e23, e21, i (simd) / e24 (simd), e22
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_bwd_composed_f32_qkv_dWv_partial(
     float *__restrict__ dV,
     float *__restrict__ qkv_XT,
@@ -4941,14 +5598,34 @@ __global__ void block_bwd_composed_f32_qkv_dWv_partial(
         }
         for (int i_blk = quot*quot3; i_blk < (quot2 < quot*quot3 + quot3 ? quot2 : quot*quot3 + quot3); ++i_blk) {
             __syncthreads();  // qkv_dWv_partial_dV_tile copied after qkv_dWv_partial_dV_tile copied and read
-            for (int e23 = ty; e23 < 16; e23 += 8) {
-                for (int e24 = tx; e24 < 64; e24 += 16) {
-                    qkv_dWv_partial_dV_tile[68*e23 + e24] = (64*c_blk + e24 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dV[64*c_blk + dh*(e23 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e24] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e24_g = ty * 16 + tx; e24_g < 256; e24_g += 128) {
+                    const int e23 = e24_g / 16, e24 = e24_g % 16 * 4;
+                    float e24_v[4] = {0, 0, 0, 0};
+                    if (64*c_blk + e24 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e24_v, &dV[64*c_blk + dh*(e23 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e24]);
+                    #pragma unroll
+                    for (int e24_k = 0; e24_k < 4; ++e24_k) qkv_dWv_partial_dV_tile[68*e23 + e24 + e24_k] = e24_v[e24_k];
+                }
+            } else {
+                for (int e23 = ty; e23 < 16; e23 += 8) {
+                    for (int e24 = tx; e24 < 64; e24 += 16) {
+                        qkv_dWv_partial_dV_tile[68*e23 + e24] = (64*c_blk + e24 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e23 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? dV[64*c_blk + dh*(e23 + 16*i_blk + n*(b*heads - heads*quot + i_part_h)) + e24] : 0.0f);
+                    }
                 }
             }
-            for (int e21 = ty; e21 < 32; e21 += 8) {
-                for (int e22 = tx; e22 < 16; e22 += 16) {
-                    qkv_dWv_partial_XT_tile[e21 + 36*e22] = (e21 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e22 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e22 + 16*i_blk + n*(b*dm + e21 + 32*m_blk)] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e22_g = ty * 16 + tx; e22_g < 128; e22_g += 128) {
+                    const int e21 = e22_g / 4, e22 = e22_g % 4 * 4;
+                    float e22_v[4] = {0, 0, 0, 0};
+                    if (e21 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e22 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16)) moagen_load4(e22_v, &qkv_XT[e22 + 16*i_blk + n*(b*dm + e21 + 32*m_blk)]);
+                    #pragma unroll
+                    for (int e22_k = 0; e22_k < 4; ++e22_k) qkv_dWv_partial_XT_tile[e21 + 36*e22 + 36*e22_k] = e22_v[e22_k];
+                }
+            } else {
+                for (int e21 = ty; e21 < 32; e21 += 8) {
+                    for (int e22 = tx; e22 < 16; e22 += 16) {
+                        qkv_dWv_partial_XT_tile[e21 + 36*e22] = (e21 + 32*m_blk < (dm < 32*m_blk + 32 ? dm : 32*m_blk + 32) && e22 + 16*i_blk < (n < 16*i_blk + 16 ? n : 16*i_blk + 16) ? qkv_XT[e22 + 16*i_blk + n*(b*dm + e21 + 32*m_blk)] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // qkv_dWv_partial_XT_tile read after qkv_dWv_partial_XT_tile copied; qkv_dWv_partial_dV_tile read after qkv_dWv_partial_dV_tile copied
@@ -5189,11 +5866,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (batch*((dff + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)dy | (uintptr_t)mlp_WdT) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dH, "block_bwd_composed_f32_mlp_dH", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dH<1>, "block_bwd_composed_f32_mlp_dH<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH<1>, grid, block, shared, stream,
+                          dy, mlp_WdT, mlp_dH, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dH<0>, "block_bwd_composed_f32_mlp_dH<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dH<0>, grid, block, shared, stream,
                           dy, mlp_WdT, mlp_dH, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5228,11 +5912,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (3*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)mlp_WgT | (uintptr_t)mlp_WuT | (uintptr_t)mlp_dU | (uintptr_t)mlp_dV) % 16) == 0) {
             const size_t shared = 22016;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dX_partial, "block_bwd_composed_f32_mlp_dX_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dX_partial<1>, "block_bwd_composed_f32_mlp_dX_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_partial<1>, grid, block, shared, stream,
+                          mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_dX_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 22016;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dX_partial<0>, "block_bwd_composed_f32_mlp_dX_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dX_partial<0>, grid, block, shared, stream,
                           mlp_dU, mlp_WgT, mlp_dV, mlp_WuT, mlp_dX_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5258,11 +5949,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (3*((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(3)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && n % 4 == 0 && (((uintptr_t)mlp_XT | (uintptr_t)mlp_dU) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWg_partial, "block_bwd_composed_f32_mlp_dWg_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWg_partial<1>, "block_bwd_composed_f32_mlp_dWg_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_partial<1>, grid, block, shared, stream,
+                          mlp_dU, mlp_XT, mlp_dWg_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWg_partial<0>, "block_bwd_composed_f32_mlp_dWg_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWg_partial<0>, grid, block, shared, stream,
                           mlp_dU, mlp_XT, mlp_dWg_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5279,11 +5977,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (3*((dff + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(3)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && n % 4 == 0 && (((uintptr_t)mlp_XT | (uintptr_t)mlp_dV) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWu_partial, "block_bwd_composed_f32_mlp_dWu_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWu_partial<1>, "block_bwd_composed_f32_mlp_dWu_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_partial<1>, grid, block, shared, stream,
+                          mlp_dV, mlp_XT, mlp_dWu_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWu_partial<0>, "block_bwd_composed_f32_mlp_dWu_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWu_partial<0>, grid, block, shared, stream,
                           mlp_dV, mlp_XT, mlp_dWu_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5309,11 +6014,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (3*((dff + 31) / 32)*((dm + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((dff + 31) / 32)), (unsigned int)(3)), block(64, 2, 1);
-        {
+        if (dm % 4 == 0 && n % 4 == 0 && (((uintptr_t)dy | (uintptr_t)mlp_HT) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWd_partial, "block_bwd_composed_f32_mlp_dWd_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWd_partial<1>, "block_bwd_composed_f32_mlp_dWd_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_partial<1>, grid, block, shared, stream,
+                          dy, mlp_HT, mlp_dWd_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_mlp_dWd_partial<0>, "block_bwd_composed_f32_mlp_dWd_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_mlp_dWd_partial<0>, grid, block, shared, stream,
                           dy, mlp_HT, mlp_dWd_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5366,11 +6078,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (8*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(8*batch*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)dresid | (uintptr_t)out_WoT) % 16) == 0) {
             const size_t shared = 6656;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_out_dO_partial, "block_bwd_composed_f32_out_dO_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_out_dO_partial<1>, "block_bwd_composed_f32_out_dO_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_partial<1>, grid, block, shared, stream,
+                          dresid, out_WoT, out_dO_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_out_dO_partial<0>, "block_bwd_composed_f32_out_dO_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dO_partial<0>, grid, block, shared, stream,
                           dresid, out_WoT, out_dO_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5387,11 +6106,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (8*heads*((dh + 31) / 32)*((dm + 63) / 64) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((dh + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)attn | (uintptr_t)dresid) % 16) == 0) {
             const size_t shared = 6656;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_out_dWo_partial, "block_bwd_composed_f32_out_dWo_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_out_dWo_partial<1>, "block_bwd_composed_f32_out_dWo_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_partial<1>, grid, block, shared, stream,
+                          attn, dresid, out_dWo_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_out_dWo_partial<0>, "block_bwd_composed_f32_out_dWo_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_out_dWo_partial<0>, grid, block, shared, stream,
                           attn, dresid, out_dWo_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5493,11 +6219,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (8*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(8*batch)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)dK | (uintptr_t)dQ | (uintptr_t)dV | (uintptr_t)qkv_WkT | (uintptr_t)qkv_WqT | (uintptr_t)qkv_WvT) % 16) == 0) {
             const size_t shared = 19968;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dX_partial, "block_bwd_composed_f32_qkv_dX_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dX_partial<1>, "block_bwd_composed_f32_qkv_dX_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_partial<1>, grid, block, shared, stream,
+                          dQ, dK, dV, qkv_WqT, qkv_WkT, qkv_WvT, qkv_dX_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 19968;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dX_partial<0>, "block_bwd_composed_f32_qkv_dX_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dX_partial<0>, grid, block, shared, stream,
                           dQ, dK, dV, qkv_WqT, qkv_WkT, qkv_WvT, qkv_dX_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5523,11 +6256,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (8*heads*((dh + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && n % 4 == 0 && (((uintptr_t)dQ | (uintptr_t)qkv_XT) % 16) == 0) {
             const size_t shared = 6656;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWq_partial, "block_bwd_composed_f32_qkv_dWq_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWq_partial<1>, "block_bwd_composed_f32_qkv_dWq_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_partial<1>, grid, block, shared, stream,
+                          dQ, qkv_XT, qkv_dWq_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWq_partial<0>, "block_bwd_composed_f32_qkv_dWq_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWq_partial<0>, grid, block, shared, stream,
                           dQ, qkv_XT, qkv_dWq_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5544,11 +6284,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (8*heads*((dh + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && n % 4 == 0 && (((uintptr_t)dK | (uintptr_t)qkv_XT) % 16) == 0) {
             const size_t shared = 6656;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWk_partial, "block_bwd_composed_f32_qkv_dWk_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWk_partial<1>, "block_bwd_composed_f32_qkv_dWk_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_partial<1>, grid, block, shared, stream,
+                          dK, qkv_XT, qkv_dWk_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWk_partial<0>, "block_bwd_composed_f32_qkv_dWk_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWk_partial<0>, grid, block, shared, stream,
                           dK, qkv_XT, qkv_dWk_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -5565,11 +6312,18 @@ extern "C" int block_bwd_composed_f32(
     }
     if (8*heads*((dh + 63) / 64)*((dm + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((dm + 31) / 32)), (unsigned int)(8*heads)), block(16, 8, 1);
-        {
+        if (dh % 4 == 0 && n % 4 == 0 && (((uintptr_t)dV | (uintptr_t)qkv_XT) % 16) == 0) {
             const size_t shared = 6656;
-            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWv_partial, "block_bwd_composed_f32_qkv_dWv_partial", shared);
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWv_partial<1>, "block_bwd_composed_f32_qkv_dWv_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_partial<1>, grid, block, shared, stream,
+                          dV, qkv_XT, qkv_dWv_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 6656;
+            const int allowed = moagen_allow_shared(block_bwd_composed_f32_qkv_dWv_partial<0>, "block_bwd_composed_f32_qkv_dWv_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_bwd_composed_f32_qkv_dWv_partial<0>, grid, block, shared, stream,
                           dV, qkv_XT, qkv_dWv_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();

@@ -120,6 +120,24 @@ static int moagen_allow_shared(Kernel *kernel, const char *name, size_t bytes)
     }
     return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
+#ifndef MOAGEN_LOAD4
+
+/* A thread's 4 consecutive elements at `from` into its registers `to` by 16-byte loads (a
+ * float4; two double2): `from` 16-byte aligned, which the launcher checks (VectorLoads). The
+ * host build that runs this file without a GPU defines its own, checking it. */
+__device__ __forceinline__ void moagen_load4(float *to, const float *from)
+{
+    const float4 v = *reinterpret_cast<const float4 *>(from);
+    to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+}
+
+__device__ __forceinline__ void moagen_load4(double *to, const double *from)
+{
+    const double2 a = reinterpret_cast<const double2 *>(from)[0];
+    const double2 b = reinterpret_cast<const double2 *>(from)[1];
+    to[0] = a.x, to[1] = a.y, to[2] = b.x, to[3] = b.y;
+}
+#endif
 
 /* A block's threads combine a value each, every thread getting the total: each warp's
  * lanes by a shuffle butterfly (five steps, no barrier), then one value a warp through
@@ -183,6 +201,7 @@ __global__ void block_fwd_composed_f64_norm1_rows(
  * for m_part_b_h / i_blk / c_blk / i, e5 / c, e6 (simd) / m_blk / e3, e, m (simd) / e4
  *     (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_qkv_Q_partial(
     const double *__restrict__ Wq,
     double *__restrict__ xn1,
@@ -215,14 +234,34 @@ __global__ void block_fwd_composed_f64_qkv_Q_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // qkv_Q_partial_Wq_tile copied after qkv_Q_partial_Wq_tile copied and read
-        for (int e3 = ty; e3 < 16; e3 += 2) {
-            for (int e4 = tx; e4 < 64; e4 += 64) {
-                qkv_Q_partial_Wq_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wq[64*c_blk + dh*(-heads*quot3 + heads*(e3 + 16*m_blk) + m_part_b_h) + e4] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e4_g = ty * 64 + tx; e4_g < 256; e4_g += 128) {
+                const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                double e4_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e4_v, &Wq[64*c_blk + dh*(-heads*quot3 + heads*(e3 + 16*m_blk) + m_part_b_h) + e4]);
+                #pragma unroll
+                for (int e4_k = 0; e4_k < 4; ++e4_k) qkv_Q_partial_Wq_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+            }
+        } else {
+            for (int e3 = ty; e3 < 16; e3 += 2) {
+                for (int e4 = tx; e4 < 64; e4 += 64) {
+                    qkv_Q_partial_Wq_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wq[64*c_blk + dh*(-heads*quot3 + heads*(e3 + 16*m_blk) + m_part_b_h) + e4] : 0.0);
+                }
             }
         }
-        for (int e = ty; e < 32; e += 2) {
-            for (int e2 = tx; e2 < 16; e2 += 64) {
-                qkv_Q_partial_X_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e2_g = ty * 64 + tx; e2_g < 128; e2_g += 128) {
+                const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                double e2_v[4] = {0, 0, 0, 0};
+                if (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e2_v, &xn1[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk]);
+                #pragma unroll
+                for (int e2_k = 0; e2_k < 4; ++e2_k) qkv_Q_partial_X_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+            }
+        } else {
+            for (int e = ty; e < 32; e += 2) {
+                for (int e2 = tx; e2 < 16; e2 += 64) {
+                    qkv_Q_partial_X_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0);
+                }
             }
         }
         __syncthreads();  // qkv_Q_partial_X_tile read after qkv_Q_partial_X_tile copied; qkv_Q_partial_Wq_tile read after qkv_Q_partial_Wq_tile copied
@@ -295,6 +334,7 @@ __global__ void block_fwd_composed_f64_qkv_Q(
  * for m_part_b_h / i_blk / c_blk / i, e11 / c, e12 (simd) / m_blk / e9, e7, m (simd) / e10
  *     (simd), e8 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_qkv_K_partial(
     const double *__restrict__ Wk,
     double *__restrict__ xn1,
@@ -327,14 +367,34 @@ __global__ void block_fwd_composed_f64_qkv_K_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // qkv_K_partial_Wk_tile copied after qkv_K_partial_Wk_tile copied and read
-        for (int e9 = ty; e9 < 16; e9 += 2) {
-            for (int e10 = tx; e10 < 64; e10 += 64) {
-                qkv_K_partial_Wk_tile[e10 + 68*e9] = (64*c_blk + e10 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e9 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wk[64*c_blk + dh*(-heads*quot3 + heads*(e9 + 16*m_blk) + m_part_b_h) + e10] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e10_g = ty * 64 + tx; e10_g < 256; e10_g += 128) {
+                const int e9 = e10_g / 16, e10 = e10_g % 16 * 4;
+                double e10_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e10 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e9 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e10_v, &Wk[64*c_blk + dh*(-heads*quot3 + heads*(e9 + 16*m_blk) + m_part_b_h) + e10]);
+                #pragma unroll
+                for (int e10_k = 0; e10_k < 4; ++e10_k) qkv_K_partial_Wk_tile[e10 + e10_k + 68*e9] = e10_v[e10_k];
+            }
+        } else {
+            for (int e9 = ty; e9 < 16; e9 += 2) {
+                for (int e10 = tx; e10 < 64; e10 += 64) {
+                    qkv_K_partial_Wk_tile[e10 + 68*e9] = (64*c_blk + e10 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e9 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wk[64*c_blk + dh*(-heads*quot3 + heads*(e9 + 16*m_blk) + m_part_b_h) + e10] : 0.0);
+                }
             }
         }
-        for (int e7 = ty; e7 < 32; e7 += 2) {
-            for (int e8 = tx; e8 < 16; e8 += 64) {
-                qkv_K_partial_X_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e8 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e7 + 32*i_blk + n*(-batch*quot2 + quot3)) + e8 + 16*m_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e8_g = ty * 64 + tx; e8_g < 128; e8_g += 128) {
+                const int e7 = e8_g / 4, e8 = e8_g % 4 * 4;
+                double e8_v[4] = {0, 0, 0, 0};
+                if (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e8 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e8_v, &xn1[dm*(e7 + 32*i_blk + n*(-batch*quot2 + quot3)) + e8 + 16*m_blk]);
+                #pragma unroll
+                for (int e8_k = 0; e8_k < 4; ++e8_k) qkv_K_partial_X_tile[e7 + 36*e8 + 36*e8_k] = e8_v[e8_k];
+            }
+        } else {
+            for (int e7 = ty; e7 < 32; e7 += 2) {
+                for (int e8 = tx; e8 < 16; e8 += 64) {
+                    qkv_K_partial_X_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e8 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e7 + 32*i_blk + n*(-batch*quot2 + quot3)) + e8 + 16*m_blk] : 0.0);
+                }
             }
         }
         __syncthreads();  // qkv_K_partial_X_tile read after qkv_K_partial_X_tile copied; qkv_K_partial_Wk_tile read after qkv_K_partial_Wk_tile copied
@@ -407,6 +467,7 @@ __global__ void block_fwd_composed_f64_qkv_K(
  * for m_part_b_h / i_blk / c_blk / i, e17 / c, e18 (simd) / m_blk / e15, e13, m (simd) /
  *     e16 (simd), e14 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_qkv_V_partial(
     const double *__restrict__ Wv,
     double *__restrict__ xn1,
@@ -439,14 +500,34 @@ __global__ void block_fwd_composed_f64_qkv_V_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // qkv_V_partial_Wv_tile copied after qkv_V_partial_Wv_tile copied and read
-        for (int e15 = ty; e15 < 16; e15 += 2) {
-            for (int e16 = tx; e16 < 64; e16 += 64) {
-                qkv_V_partial_Wv_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wv[64*c_blk + dh*(-heads*quot3 + heads*(e15 + 16*m_blk) + m_part_b_h) + e16] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e16_g = ty * 64 + tx; e16_g < 256; e16_g += 128) {
+                const int e15 = e16_g / 16, e16 = e16_g % 16 * 4;
+                double e16_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e16_v, &Wv[64*c_blk + dh*(-heads*quot3 + heads*(e15 + 16*m_blk) + m_part_b_h) + e16]);
+                #pragma unroll
+                for (int e16_k = 0; e16_k < 4; ++e16_k) qkv_V_partial_Wv_tile[68*e15 + e16 + e16_k] = e16_v[e16_k];
+            }
+        } else {
+            for (int e15 = ty; e15 < 16; e15 += 2) {
+                for (int e16 = tx; e16 < 64; e16 += 64) {
+                    qkv_V_partial_Wv_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wv[64*c_blk + dh*(-heads*quot3 + heads*(e15 + 16*m_blk) + m_part_b_h) + e16] : 0.0);
+                }
             }
         }
-        for (int e13 = ty; e13 < 32; e13 += 2) {
-            for (int e14 = tx; e14 < 16; e14 += 64) {
-                qkv_V_partial_X_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e14 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e13 + 32*i_blk + n*(-batch*quot2 + quot3)) + e14 + 16*m_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e14_g = ty * 64 + tx; e14_g < 128; e14_g += 128) {
+                const int e13 = e14_g / 4, e14 = e14_g % 4 * 4;
+                double e14_v[4] = {0, 0, 0, 0};
+                if (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e14 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e14_v, &xn1[dm*(e13 + 32*i_blk + n*(-batch*quot2 + quot3)) + e14 + 16*m_blk]);
+                #pragma unroll
+                for (int e14_k = 0; e14_k < 4; ++e14_k) qkv_V_partial_X_tile[e13 + 36*e14 + 36*e14_k] = e14_v[e14_k];
+            }
+        } else {
+            for (int e13 = ty; e13 < 32; e13 += 2) {
+                for (int e14 = tx; e14 < 16; e14 += 64) {
+                    qkv_V_partial_X_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e14 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e13 + 32*i_blk + n*(-batch*quot2 + quot3)) + e14 + 16*m_blk] : 0.0);
+                }
             }
         }
         __syncthreads();  // qkv_V_partial_X_tile read after qkv_V_partial_X_tile copied; qkv_V_partial_Wv_tile read after qkv_V_partial_Wv_tile copied
@@ -762,6 +843,7 @@ __global__ void block_fwd_composed_f64_attn_rows(
  * for h_part_b / i_blk / m_blk / i, e5 / m, e6 (simd) / h / c_blk / e3, e, c (simd) / e4
  *     (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_out_Y_partial(
     const double *__restrict__ Wo,
     double *__restrict__ attn,
@@ -802,14 +884,34 @@ __global__ void block_fwd_composed_f64_out_Y_partial(
         }
         for (int c_blk = 0; c_blk < quot3; ++c_blk) {
             __syncthreads();  // out_Y_partial_Wo_tile copied after out_Y_partial_Wo_tile copied and read
-            for (int e3 = ty; e3 < 16; e3 += 2) {
-                for (int e4 = tx; e4 < 64; e4 += 64) {
-                    out_Y_partial_Wo_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? Wo[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e4_g = ty * 64 + tx; e4_g < 256; e4_g += 128) {
+                    const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                    double e4_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e4_v, &Wo[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e4_k = 0; e4_k < 4; ++e4_k) out_Y_partial_Wo_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+                }
+            } else {
+                for (int e3 = ty; e3 < 16; e3 += 2) {
+                    for (int e4 = tx; e4 < 64; e4 += 64) {
+                        out_Y_partial_Wo_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? Wo[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0);
+                    }
                 }
             }
-            for (int e = ty; e < 32; e += 2) {
-                for (int e2 = tx; e2 < 16; e2 += 64) {
-                    out_Y_partial_O_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0);
+            if (VECTOR_LOADS) {
+                for (int e2_g = ty * 64 + tx; e2_g < 128; e2_g += 128) {
+                    const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                    double e2_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e2_v, &attn[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2]);
+                    #pragma unroll
+                    for (int e2_k = 0; e2_k < 4; ++e2_k) out_Y_partial_O_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+                }
+            } else {
+                for (int e = ty; e < 32; e += 2) {
+                    for (int e2 = tx; e2 < 16; e2 += 64) {
+                        out_Y_partial_O_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0);
+                    }
                 }
             }
             __syncthreads();  // out_Y_partial_O_tile read after out_Y_partial_O_tile copied; out_Y_partial_Wo_tile read after out_Y_partial_Wo_tile copied
@@ -920,6 +1022,7 @@ __global__ void block_fwd_composed_f64_norm2_rows(
  * for b / i_blk / e_blk / i, e6 / e, e7 (simd) / c_blk / e4, e2, c (simd) / e5 (simd), e3
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_mlp_U(
     const double *__restrict__ Wg,
     double *__restrict__ U,
@@ -948,14 +1051,34 @@ __global__ void block_fwd_composed_f64_mlp_U(
     }
     for (int c_blk = 0; c_blk < quot; ++c_blk) {
         __syncthreads();  // mlp_U_Wg_tile copied after mlp_U_Wg_tile copied and read
-        for (int e4 = ty; e4 < 16; e4 += 2) {
-            for (int e5 = tx; e5 < 64; e5 += 64) {
-                mlp_U_Wg_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wg[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e5_g = ty * 64 + tx; e5_g < 256; e5_g += 128) {
+                const int e4 = e5_g / 16, e5 = e5_g % 16 * 4;
+                double e5_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e5_v, &Wg[dff*(16*c_blk + e4) + e5 + 64*e_blk]);
+                #pragma unroll
+                for (int e5_k = 0; e5_k < 4; ++e5_k) mlp_U_Wg_tile[68*e4 + e5 + e5_k] = e5_v[e5_k];
+            }
+        } else {
+            for (int e4 = ty; e4 < 16; e4 += 2) {
+                for (int e5 = tx; e5 < 64; e5 += 64) {
+                    mlp_U_Wg_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wg[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0);
+                }
             }
         }
-        for (int e2 = ty; e2 < 32; e2 += 2) {
-            for (int e3 = tx; e3 < 16; e3 += 64) {
-                mlp_U_X_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e3_g = ty * 64 + tx; e3_g < 128; e3_g += 128) {
+                const int e2 = e3_g / 4, e3 = e3_g % 4 * 4;
+                double e3_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e3_v, &xn2[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3]);
+                #pragma unroll
+                for (int e3_k = 0; e3_k < 4; ++e3_k) mlp_U_X_tile[e2 + 36*e3 + 36*e3_k] = e3_v[e3_k];
+            }
+        } else {
+            for (int e2 = ty; e2 < 32; e2 += 2) {
+                for (int e3 = tx; e3 < 16; e3 += 64) {
+                    mlp_U_X_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0);
+                }
             }
         }
         __syncthreads();  // mlp_U_X_tile read after mlp_U_X_tile copied; mlp_U_Wg_tile read after mlp_U_Wg_tile copied
@@ -1002,6 +1125,7 @@ __global__ void block_fwd_composed_f64_mlp_U(
  * for b / i_blk / e_blk / i, e12 / e, e13 (simd) / c_blk / e10, e8, c (simd) / e11 (simd),
  *     e9 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_mlp_V(
     const double *__restrict__ Wu,
     double *__restrict__ Vu,
@@ -1030,14 +1154,34 @@ __global__ void block_fwd_composed_f64_mlp_V(
     }
     for (int c_blk = 0; c_blk < quot; ++c_blk) {
         __syncthreads();  // mlp_V_Wu_tile copied after mlp_V_Wu_tile copied and read
-        for (int e10 = ty; e10 < 16; e10 += 2) {
-            for (int e11 = tx; e11 < 64; e11 += 64) {
-                mlp_V_Wu_tile[68*e10 + e11] = (16*c_blk + e10 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e11 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wu[dff*(16*c_blk + e10) + e11 + 64*e_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e11_g = ty * 64 + tx; e11_g < 256; e11_g += 128) {
+                const int e10 = e11_g / 16, e11 = e11_g % 16 * 4;
+                double e11_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e10 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e11 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e11_v, &Wu[dff*(16*c_blk + e10) + e11 + 64*e_blk]);
+                #pragma unroll
+                for (int e11_k = 0; e11_k < 4; ++e11_k) mlp_V_Wu_tile[68*e10 + e11 + e11_k] = e11_v[e11_k];
+            }
+        } else {
+            for (int e10 = ty; e10 < 16; e10 += 2) {
+                for (int e11 = tx; e11 < 64; e11 += 64) {
+                    mlp_V_Wu_tile[68*e10 + e11] = (16*c_blk + e10 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e11 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wu[dff*(16*c_blk + e10) + e11 + 64*e_blk] : 0.0);
+                }
             }
         }
-        for (int e8 = ty; e8 < 32; e8 += 2) {
-            for (int e9 = tx; e9 < 16; e9 += 64) {
-                mlp_V_X_tile[e8 + 36*e9] = (16*c_blk + e9 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e8 + 32*i_blk) + e9] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e9_g = ty * 64 + tx; e9_g < 128; e9_g += 128) {
+                const int e8 = e9_g / 4, e9 = e9_g % 4 * 4;
+                double e9_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e9 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e9_v, &xn2[16*c_blk + dm*(b*n + e8 + 32*i_blk) + e9]);
+                #pragma unroll
+                for (int e9_k = 0; e9_k < 4; ++e9_k) mlp_V_X_tile[e8 + 36*e9 + 36*e9_k] = e9_v[e9_k];
+            }
+        } else {
+            for (int e8 = ty; e8 < 32; e8 += 2) {
+                for (int e9 = tx; e9 < 16; e9 += 64) {
+                    mlp_V_X_tile[e8 + 36*e9] = (16*c_blk + e9 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e8 + 32*i_blk) + e9] : 0.0);
+                }
             }
         }
         __syncthreads();  // mlp_V_X_tile read after mlp_V_X_tile copied; mlp_V_Wu_tile read after mlp_V_Wu_tile copied
@@ -1104,6 +1248,7 @@ __global__ void block_fwd_composed_f64_mlp_H(
  * for e_part_b / i_blk / c_blk / i, e18 / c, e19 (simd) / e_blk / e16, e14, e (simd) / e17
  *     (simd), e15 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f64_mlp_F_partial(
     const double *__restrict__ Wd,
     double *__restrict__ mlp_H,
@@ -1134,14 +1279,34 @@ __global__ void block_fwd_composed_f64_mlp_F_partial(
     }
     for (int e_blk = quot2*quot3; e_blk < (quot < quot2*quot3 + quot3 ? quot : quot2*quot3 + quot3); ++e_blk) {
         __syncthreads();  // mlp_F_partial_Wd_tile copied after mlp_F_partial_Wd_tile copied and read
-        for (int e16 = ty; e16 < 16; e16 += 2) {
-            for (int e17 = tx; e17 < 64; e17 += 64) {
-                mlp_F_partial_Wd_tile[68*e16 + e17] = (64*c_blk + e17 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e16 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? Wd[64*c_blk + dm*(e16 + 16*e_blk) + e17] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e17_g = ty * 64 + tx; e17_g < 256; e17_g += 128) {
+                const int e16 = e17_g / 16, e17 = e17_g % 16 * 4;
+                double e17_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e17 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e16 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e17_v, &Wd[64*c_blk + dm*(e16 + 16*e_blk) + e17]);
+                #pragma unroll
+                for (int e17_k = 0; e17_k < 4; ++e17_k) mlp_F_partial_Wd_tile[68*e16 + e17 + e17_k] = e17_v[e17_k];
+            }
+        } else {
+            for (int e16 = ty; e16 < 16; e16 += 2) {
+                for (int e17 = tx; e17 < 64; e17 += 64) {
+                    mlp_F_partial_Wd_tile[68*e16 + e17] = (64*c_blk + e17 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e16 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? Wd[64*c_blk + dm*(e16 + 16*e_blk) + e17] : 0.0);
+                }
             }
         }
-        for (int e14 = ty; e14 < 32; e14 += 2) {
-            for (int e15 = tx; e15 < 16; e15 += 64) {
-                mlp_F_partial_H_tile[e14 + 36*e15] = (e14 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e15 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_H[dff*(e14 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e15 + 16*e_blk] : 0.0);
+        if (VECTOR_LOADS) {
+            for (int e15_g = ty * 64 + tx; e15_g < 128; e15_g += 128) {
+                const int e14 = e15_g / 4, e15 = e15_g % 4 * 4;
+                double e15_v[4] = {0, 0, 0, 0};
+                if (e14 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e15 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e15_v, &mlp_H[dff*(e14 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e15 + 16*e_blk]);
+                #pragma unroll
+                for (int e15_k = 0; e15_k < 4; ++e15_k) mlp_F_partial_H_tile[e14 + 36*e15 + 36*e15_k] = e15_v[e15_k];
+            }
+        } else {
+            for (int e14 = ty; e14 < 32; e14 += 2) {
+                for (int e15 = tx; e15 < 16; e15 += 64) {
+                    mlp_F_partial_H_tile[e14 + 36*e15] = (e14 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e15 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_H[dff*(e14 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e15 + 16*e_blk] : 0.0);
+                }
             }
         }
         __syncthreads();  // mlp_F_partial_H_tile read after mlp_F_partial_H_tile copied; mlp_F_partial_Wd_tile read after mlp_F_partial_Wd_tile copied
@@ -1285,11 +1450,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (3*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch*heads)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wq | (uintptr_t)xn1) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_Q_partial, "block_fwd_composed_f64_qkv_Q_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_Q_partial<1>, "block_fwd_composed_f64_qkv_Q_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_partial<1>, grid, block, shared, stream,
+                          Wq, xn1, qkv_Q_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_Q_partial<0>, "block_fwd_composed_f64_qkv_Q_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_Q_partial<0>, grid, block, shared, stream,
                           Wq, xn1, qkv_Q_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1306,11 +1478,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (3*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch*heads)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wk | (uintptr_t)xn1) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_K_partial, "block_fwd_composed_f64_qkv_K_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_K_partial<1>, "block_fwd_composed_f64_qkv_K_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_partial<1>, grid, block, shared, stream,
+                          Wk, xn1, qkv_K_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_K_partial<0>, "block_fwd_composed_f64_qkv_K_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_K_partial<0>, grid, block, shared, stream,
                           Wk, xn1, qkv_K_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1327,11 +1506,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (3*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch*heads)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wv | (uintptr_t)xn1) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_V_partial, "block_fwd_composed_f64_qkv_V_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_V_partial<1>, "block_fwd_composed_f64_qkv_V_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_partial<1>, grid, block, shared, stream,
+                          Wv, xn1, qkv_V_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_qkv_V_partial<0>, "block_fwd_composed_f64_qkv_V_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_qkv_V_partial<0>, grid, block, shared, stream,
                           Wv, xn1, qkv_V_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1368,11 +1554,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (3*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wo | (uintptr_t)attn) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_out_Y_partial, "block_fwd_composed_f64_out_Y_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_out_Y_partial<1>, "block_fwd_composed_f64_out_Y_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_partial<1>, grid, block, shared, stream,
+                          Wo, attn, out_Y_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_out_Y_partial<0>, "block_fwd_composed_f64_out_Y_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_out_Y_partial<0>, grid, block, shared, stream,
                           Wo, attn, out_Y_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1398,11 +1591,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (batch*((dff + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wg | (uintptr_t)xn2) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_U, "block_fwd_composed_f64_mlp_U", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_U<1>, "block_fwd_composed_f64_mlp_U<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U<1>, grid, block, shared, stream,
+                          Wg, U, xn2, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_U<0>, "block_fwd_composed_f64_mlp_U<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_U<0>, grid, block, shared, stream,
                           Wg, U, xn2, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1410,11 +1610,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (batch*((dff + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wu | (uintptr_t)xn2) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_V, "block_fwd_composed_f64_mlp_V", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_V<1>, "block_fwd_composed_f64_mlp_V<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V<1>, grid, block, shared, stream,
+                          Wu, Vu, xn2, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_V<0>, "block_fwd_composed_f64_mlp_V<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_V<0>, grid, block, shared, stream,
                           Wu, Vu, xn2, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1431,11 +1638,18 @@ extern "C" int block_fwd_composed_f64(
     }
     if (3*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wd | (uintptr_t)mlp_H) % 16) == 0) {
             const size_t shared = 30720;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_F_partial, "block_fwd_composed_f64_mlp_F_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_F_partial<1>, "block_fwd_composed_f64_mlp_F_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_partial<1>, grid, block, shared, stream,
+                          Wd, mlp_H, mlp_F_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 30720;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f64_mlp_F_partial<0>, "block_fwd_composed_f64_mlp_F_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f64_mlp_F_partial<0>, grid, block, shared, stream,
                           Wd, mlp_H, mlp_F_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -1498,6 +1712,7 @@ __global__ void block_fwd_composed_f32_norm1_rows(
  * for m_part_b_h / i_blk / c_blk / i, e5 / c, e6 (simd) / m_blk / e3, e, m (simd) / e4
  *     (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_qkv_Q_partial(
     const float *__restrict__ Wq,
     float *__restrict__ xn1,
@@ -1527,14 +1742,34 @@ __global__ void block_fwd_composed_f32_qkv_Q_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // qkv_Q_partial_Wq_tile copied after qkv_Q_partial_Wq_tile copied and read
-        for (int e3 = ty; e3 < 16; e3 += 2) {
-            for (int e4 = tx; e4 < 64; e4 += 64) {
-                qkv_Q_partial_Wq_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wq[64*c_blk + dh*(-heads*quot3 + heads*(e3 + 16*m_blk) + m_part_b_h) + e4] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e4_g = ty * 64 + tx; e4_g < 256; e4_g += 128) {
+                const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                float e4_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e4_v, &Wq[64*c_blk + dh*(-heads*quot3 + heads*(e3 + 16*m_blk) + m_part_b_h) + e4]);
+                #pragma unroll
+                for (int e4_k = 0; e4_k < 4; ++e4_k) qkv_Q_partial_Wq_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+            }
+        } else {
+            for (int e3 = ty; e3 < 16; e3 += 2) {
+                for (int e4 = tx; e4 < 64; e4 += 64) {
+                    qkv_Q_partial_Wq_tile[68*e3 + e4] = (64*c_blk + e4 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e3 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wq[64*c_blk + dh*(-heads*quot3 + heads*(e3 + 16*m_blk) + m_part_b_h) + e4] : 0.0f);
+                }
             }
         }
-        for (int e = ty; e < 32; e += 2) {
-            for (int e2 = tx; e2 < 16; e2 += 64) {
-                qkv_Q_partial_X_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e2_g = ty * 64 + tx; e2_g < 128; e2_g += 128) {
+                const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                float e2_v[4] = {0, 0, 0, 0};
+                if (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e2_v, &xn1[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk]);
+                #pragma unroll
+                for (int e2_k = 0; e2_k < 4; ++e2_k) qkv_Q_partial_X_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+            }
+        } else {
+            for (int e = ty; e < 32; e += 2) {
+                for (int e2 = tx; e2 < 16; e2 += 64) {
+                    qkv_Q_partial_X_tile[e + 36*e2] = (e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e2 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e + 32*i_blk + n*(-batch*quot2 + quot3)) + e2 + 16*m_blk] : 0.0f);
+                }
             }
         }
         __syncthreads();  // qkv_Q_partial_X_tile read after qkv_Q_partial_X_tile copied; qkv_Q_partial_Wq_tile read after qkv_Q_partial_Wq_tile copied
@@ -1618,6 +1853,7 @@ __global__ void block_fwd_composed_f32_qkv_Q(
  * for m_part_b_h / i_blk / c_blk / i, e11 / c, e12 (simd) / m_blk / e9, e7, m (simd) / e10
  *     (simd), e8 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_qkv_K_partial(
     const float *__restrict__ Wk,
     float *__restrict__ xn1,
@@ -1647,14 +1883,34 @@ __global__ void block_fwd_composed_f32_qkv_K_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // qkv_K_partial_Wk_tile copied after qkv_K_partial_Wk_tile copied and read
-        for (int e9 = ty; e9 < 16; e9 += 2) {
-            for (int e10 = tx; e10 < 64; e10 += 64) {
-                qkv_K_partial_Wk_tile[e10 + 68*e9] = (64*c_blk + e10 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e9 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wk[64*c_blk + dh*(-heads*quot3 + heads*(e9 + 16*m_blk) + m_part_b_h) + e10] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e10_g = ty * 64 + tx; e10_g < 256; e10_g += 128) {
+                const int e9 = e10_g / 16, e10 = e10_g % 16 * 4;
+                float e10_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e10 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e9 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e10_v, &Wk[64*c_blk + dh*(-heads*quot3 + heads*(e9 + 16*m_blk) + m_part_b_h) + e10]);
+                #pragma unroll
+                for (int e10_k = 0; e10_k < 4; ++e10_k) qkv_K_partial_Wk_tile[e10 + e10_k + 68*e9] = e10_v[e10_k];
+            }
+        } else {
+            for (int e9 = ty; e9 < 16; e9 += 2) {
+                for (int e10 = tx; e10 < 64; e10 += 64) {
+                    qkv_K_partial_Wk_tile[e10 + 68*e9] = (64*c_blk + e10 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e9 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wk[64*c_blk + dh*(-heads*quot3 + heads*(e9 + 16*m_blk) + m_part_b_h) + e10] : 0.0f);
+                }
             }
         }
-        for (int e7 = ty; e7 < 32; e7 += 2) {
-            for (int e8 = tx; e8 < 16; e8 += 64) {
-                qkv_K_partial_X_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e8 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e7 + 32*i_blk + n*(-batch*quot2 + quot3)) + e8 + 16*m_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e8_g = ty * 64 + tx; e8_g < 128; e8_g += 128) {
+                const int e7 = e8_g / 4, e8 = e8_g % 4 * 4;
+                float e8_v[4] = {0, 0, 0, 0};
+                if (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e8 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e8_v, &xn1[dm*(e7 + 32*i_blk + n*(-batch*quot2 + quot3)) + e8 + 16*m_blk]);
+                #pragma unroll
+                for (int e8_k = 0; e8_k < 4; ++e8_k) qkv_K_partial_X_tile[e7 + 36*e8 + 36*e8_k] = e8_v[e8_k];
+            }
+        } else {
+            for (int e7 = ty; e7 < 32; e7 += 2) {
+                for (int e8 = tx; e8 < 16; e8 += 64) {
+                    qkv_K_partial_X_tile[e7 + 36*e8] = (e7 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e8 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e7 + 32*i_blk + n*(-batch*quot2 + quot3)) + e8 + 16*m_blk] : 0.0f);
+                }
             }
         }
         __syncthreads();  // qkv_K_partial_X_tile read after qkv_K_partial_X_tile copied; qkv_K_partial_Wk_tile read after qkv_K_partial_Wk_tile copied
@@ -1738,6 +1994,7 @@ __global__ void block_fwd_composed_f32_qkv_K(
  * for m_part_b_h / i_blk / c_blk / i, e17 / c, e18 (simd) / m_blk / e15, e13, m (simd) /
  *     e16 (simd), e14 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_qkv_V_partial(
     const float *__restrict__ Wv,
     float *__restrict__ xn1,
@@ -1767,14 +2024,34 @@ __global__ void block_fwd_composed_f32_qkv_V_partial(
     }
     for (int m_blk = quot2*quot4; m_blk < (quot < quot2*quot4 + quot4 ? quot : quot2*quot4 + quot4); ++m_blk) {
         __syncthreads();  // qkv_V_partial_Wv_tile copied after qkv_V_partial_Wv_tile copied and read
-        for (int e15 = ty; e15 < 16; e15 += 2) {
-            for (int e16 = tx; e16 < 64; e16 += 64) {
-                qkv_V_partial_Wv_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wv[64*c_blk + dh*(-heads*quot3 + heads*(e15 + 16*m_blk) + m_part_b_h) + e16] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e16_g = ty * 64 + tx; e16_g < 256; e16_g += 128) {
+                const int e15 = e16_g / 16, e16 = e16_g % 16 * 4;
+                float e16_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e16_v, &Wv[64*c_blk + dh*(-heads*quot3 + heads*(e15 + 16*m_blk) + m_part_b_h) + e16]);
+                #pragma unroll
+                for (int e16_k = 0; e16_k < 4; ++e16_k) qkv_V_partial_Wv_tile[68*e15 + e16 + e16_k] = e16_v[e16_k];
+            }
+        } else {
+            for (int e15 = ty; e15 < 16; e15 += 2) {
+                for (int e16 = tx; e16 < 64; e16 += 64) {
+                    qkv_V_partial_Wv_tile[68*e15 + e16] = (64*c_blk + e16 < (dh < 64*c_blk + 64 ? dh : 64*c_blk + 64) && e15 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? Wv[64*c_blk + dh*(-heads*quot3 + heads*(e15 + 16*m_blk) + m_part_b_h) + e16] : 0.0f);
+                }
             }
         }
-        for (int e13 = ty; e13 < 32; e13 += 2) {
-            for (int e14 = tx; e14 < 16; e14 += 64) {
-                qkv_V_partial_X_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e14 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e13 + 32*i_blk + n*(-batch*quot2 + quot3)) + e14 + 16*m_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e14_g = ty * 64 + tx; e14_g < 128; e14_g += 128) {
+                const int e13 = e14_g / 4, e14 = e14_g % 4 * 4;
+                float e14_v[4] = {0, 0, 0, 0};
+                if (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e14 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16)) moagen_load4(e14_v, &xn1[dm*(e13 + 32*i_blk + n*(-batch*quot2 + quot3)) + e14 + 16*m_blk]);
+                #pragma unroll
+                for (int e14_k = 0; e14_k < 4; ++e14_k) qkv_V_partial_X_tile[e13 + 36*e14 + 36*e14_k] = e14_v[e14_k];
+            }
+        } else {
+            for (int e13 = ty; e13 < 32; e13 += 2) {
+                for (int e14 = tx; e14 < 16; e14 += 64) {
+                    qkv_V_partial_X_tile[e13 + 36*e14] = (e13 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e14 + 16*m_blk < (dm < 16*m_blk + 16 ? dm : 16*m_blk + 16) ? xn1[dm*(e13 + 32*i_blk + n*(-batch*quot2 + quot3)) + e14 + 16*m_blk] : 0.0f);
+                }
             }
         }
         __syncthreads();  // qkv_V_partial_X_tile read after qkv_V_partial_X_tile copied; qkv_V_partial_Wv_tile read after qkv_V_partial_Wv_tile copied
@@ -2125,6 +2402,7 @@ __global__ void block_fwd_composed_f32_attn_rows(
  * for h_part_b / i_blk / m_blk / i, e5 / m, e6 (simd) / h / c_blk / e3, e, c (simd) / e4
  *     (simd), e2 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_out_Y_partial(
     const float *__restrict__ Wo,
     float *__restrict__ attn,
@@ -2159,14 +2437,34 @@ __global__ void block_fwd_composed_f32_out_Y_partial(
         }
         for (int c_blk = 0; c_blk < quot3; ++c_blk) {
             __syncthreads();  // out_Y_partial_Wo_tile copied after out_Y_partial_Wo_tile copied and read
-            for (int e3 = ty; e3 < 16; e3 += 2) {
-                for (int e4 = tx; e4 < 64; e4 += 64) {
-                    out_Y_partial_Wo_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? Wo[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e4_g = ty * 64 + tx; e4_g < 256; e4_g += 128) {
+                    const int e3 = e4_g / 16, e4 = e4_g % 16 * 4;
+                    float e4_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64)) moagen_load4(e4_v, &Wo[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk]);
+                    #pragma unroll
+                    for (int e4_k = 0; e4_k < 4; ++e4_k) out_Y_partial_Wo_tile[68*e3 + e4 + e4_k] = e4_v[e4_k];
+                }
+            } else {
+                for (int e3 = ty; e3 < 16; e3 += 2) {
+                    for (int e4 = tx; e4 < 64; e4 += 64) {
+                        out_Y_partial_Wo_tile[68*e3 + e4] = (16*c_blk + e3 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e4 + 64*m_blk < (dm < 64*m_blk + 64 ? dm : 64*m_blk + 64) ? Wo[dm*(16*c_blk + dh*h + e3) + e4 + 64*m_blk] : 0.0f);
+                    }
                 }
             }
-            for (int e = ty; e < 32; e += 2) {
-                for (int e2 = tx; e2 < 16; e2 += 64) {
-                    out_Y_partial_O_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0f);
+            if (VECTOR_LOADS) {
+                for (int e2_g = ty * 64 + tx; e2_g < 128; e2_g += 128) {
+                    const int e = e2_g / 4, e2 = e2_g % 4 * 4;
+                    float e2_v[4] = {0, 0, 0, 0};
+                    if (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e2_v, &attn[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2]);
+                    #pragma unroll
+                    for (int e2_k = 0; e2_k < 4; ++e2_k) out_Y_partial_O_tile[e + 36*e2 + 36*e2_k] = e2_v[e2_k];
+                }
+            } else {
+                for (int e = ty; e < 32; e += 2) {
+                    for (int e2 = tx; e2 < 16; e2 += 64) {
+                        out_Y_partial_O_tile[e + 36*e2] = (16*c_blk + e2 < (dh < 16*c_blk + 16 ? dh : 16*c_blk + 16) && e + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? attn[16*c_blk + dh*(e + 32*i_blk + n*(h + heads*(-batch*quot + h_part_b))) + e2] : 0.0f);
+                    }
                 }
             }
             __syncthreads();  // out_Y_partial_O_tile read after out_Y_partial_O_tile copied; out_Y_partial_Wo_tile read after out_Y_partial_Wo_tile copied
@@ -2285,6 +2583,7 @@ __global__ void block_fwd_composed_f32_norm2_rows(
  * for b / i_blk / e_blk / i, e6 / e, e7 (simd) / c_blk / e4, e2, c (simd) / e5 (simd), e3
  *     (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_mlp_U(
     const float *__restrict__ Wg,
     float *__restrict__ U,
@@ -2310,14 +2609,34 @@ __global__ void block_fwd_composed_f32_mlp_U(
     }
     for (int c_blk = 0; c_blk < quot; ++c_blk) {
         __syncthreads();  // mlp_U_Wg_tile copied after mlp_U_Wg_tile copied and read
-        for (int e4 = ty; e4 < 16; e4 += 2) {
-            for (int e5 = tx; e5 < 64; e5 += 64) {
-                mlp_U_Wg_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wg[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e5_g = ty * 64 + tx; e5_g < 256; e5_g += 128) {
+                const int e4 = e5_g / 16, e5 = e5_g % 16 * 4;
+                float e5_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e5_v, &Wg[dff*(16*c_blk + e4) + e5 + 64*e_blk]);
+                #pragma unroll
+                for (int e5_k = 0; e5_k < 4; ++e5_k) mlp_U_Wg_tile[68*e4 + e5 + e5_k] = e5_v[e5_k];
+            }
+        } else {
+            for (int e4 = ty; e4 < 16; e4 += 2) {
+                for (int e5 = tx; e5 < 64; e5 += 64) {
+                    mlp_U_Wg_tile[68*e4 + e5] = (16*c_blk + e4 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e5 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wg[dff*(16*c_blk + e4) + e5 + 64*e_blk] : 0.0f);
+                }
             }
         }
-        for (int e2 = ty; e2 < 32; e2 += 2) {
-            for (int e3 = tx; e3 < 16; e3 += 64) {
-                mlp_U_X_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e3_g = ty * 64 + tx; e3_g < 128; e3_g += 128) {
+                const int e2 = e3_g / 4, e3 = e3_g % 4 * 4;
+                float e3_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e3_v, &xn2[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3]);
+                #pragma unroll
+                for (int e3_k = 0; e3_k < 4; ++e3_k) mlp_U_X_tile[e2 + 36*e3 + 36*e3_k] = e3_v[e3_k];
+            }
+        } else {
+            for (int e2 = ty; e2 < 32; e2 += 2) {
+                for (int e3 = tx; e3 < 16; e3 += 64) {
+                    mlp_U_X_tile[e2 + 36*e3] = (16*c_blk + e3 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e2 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e2 + 32*i_blk) + e3] : 0.0f);
+                }
             }
         }
         __syncthreads();  // mlp_U_X_tile read after mlp_U_X_tile copied; mlp_U_Wg_tile read after mlp_U_Wg_tile copied
@@ -2375,6 +2694,7 @@ __global__ void block_fwd_composed_f32_mlp_U(
  * for b / i_blk / e_blk / i, e12 / e, e13 (simd) / c_blk / e10, e8, c (simd) / e11 (simd),
  *     e9 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_mlp_V(
     const float *__restrict__ Wu,
     float *__restrict__ Vu,
@@ -2400,14 +2720,34 @@ __global__ void block_fwd_composed_f32_mlp_V(
     }
     for (int c_blk = 0; c_blk < quot; ++c_blk) {
         __syncthreads();  // mlp_V_Wu_tile copied after mlp_V_Wu_tile copied and read
-        for (int e10 = ty; e10 < 16; e10 += 2) {
-            for (int e11 = tx; e11 < 64; e11 += 64) {
-                mlp_V_Wu_tile[68*e10 + e11] = (16*c_blk + e10 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e11 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wu[dff*(16*c_blk + e10) + e11 + 64*e_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e11_g = ty * 64 + tx; e11_g < 256; e11_g += 128) {
+                const int e10 = e11_g / 16, e11 = e11_g % 16 * 4;
+                float e11_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e10 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e11 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64)) moagen_load4(e11_v, &Wu[dff*(16*c_blk + e10) + e11 + 64*e_blk]);
+                #pragma unroll
+                for (int e11_k = 0; e11_k < 4; ++e11_k) mlp_V_Wu_tile[68*e10 + e11 + e11_k] = e11_v[e11_k];
+            }
+        } else {
+            for (int e10 = ty; e10 < 16; e10 += 2) {
+                for (int e11 = tx; e11 < 64; e11 += 64) {
+                    mlp_V_Wu_tile[68*e10 + e11] = (16*c_blk + e10 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e11 + 64*e_blk < (dff < 64*e_blk + 64 ? dff : 64*e_blk + 64) ? Wu[dff*(16*c_blk + e10) + e11 + 64*e_blk] : 0.0f);
+                }
             }
         }
-        for (int e8 = ty; e8 < 32; e8 += 2) {
-            for (int e9 = tx; e9 < 16; e9 += 64) {
-                mlp_V_X_tile[e8 + 36*e9] = (16*c_blk + e9 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e8 + 32*i_blk) + e9] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e9_g = ty * 64 + tx; e9_g < 128; e9_g += 128) {
+                const int e8 = e9_g / 4, e9 = e9_g % 4 * 4;
+                float e9_v[4] = {0, 0, 0, 0};
+                if (16*c_blk + e9 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32)) moagen_load4(e9_v, &xn2[16*c_blk + dm*(b*n + e8 + 32*i_blk) + e9]);
+                #pragma unroll
+                for (int e9_k = 0; e9_k < 4; ++e9_k) mlp_V_X_tile[e8 + 36*e9 + 36*e9_k] = e9_v[e9_k];
+            }
+        } else {
+            for (int e8 = ty; e8 < 32; e8 += 2) {
+                for (int e9 = tx; e9 < 16; e9 += 64) {
+                    mlp_V_X_tile[e8 + 36*e9] = (16*c_blk + e9 < (dm < 16*c_blk + 16 ? dm : 16*c_blk + 16) && e8 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) ? xn2[16*c_blk + dm*(b*n + e8 + 32*i_blk) + e9] : 0.0f);
+                }
             }
         }
         __syncthreads();  // mlp_V_X_tile read after mlp_V_X_tile copied; mlp_V_Wu_tile read after mlp_V_Wu_tile copied
@@ -2485,6 +2825,7 @@ __global__ void block_fwd_composed_f32_mlp_H(
  * for e_part_b / i_blk / c_blk / i, e18 / c, e19 (simd) / e_blk / e16, e14, e (simd) / e17
  *     (simd), e15 (simd)
  */
+template <int VECTOR_LOADS>
 __global__ void block_fwd_composed_f32_mlp_F_partial(
     const float *__restrict__ Wd,
     float *__restrict__ mlp_H,
@@ -2512,14 +2853,34 @@ __global__ void block_fwd_composed_f32_mlp_F_partial(
     }
     for (int e_blk = quot2*quot3; e_blk < (quot < quot2*quot3 + quot3 ? quot : quot2*quot3 + quot3); ++e_blk) {
         __syncthreads();  // mlp_F_partial_Wd_tile copied after mlp_F_partial_Wd_tile copied and read
-        for (int e16 = ty; e16 < 16; e16 += 2) {
-            for (int e17 = tx; e17 < 64; e17 += 64) {
-                mlp_F_partial_Wd_tile[68*e16 + e17] = (64*c_blk + e17 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e16 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? Wd[64*c_blk + dm*(e16 + 16*e_blk) + e17] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e17_g = ty * 64 + tx; e17_g < 256; e17_g += 128) {
+                const int e16 = e17_g / 16, e17 = e17_g % 16 * 4;
+                float e17_v[4] = {0, 0, 0, 0};
+                if (64*c_blk + e17 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e16 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e17_v, &Wd[64*c_blk + dm*(e16 + 16*e_blk) + e17]);
+                #pragma unroll
+                for (int e17_k = 0; e17_k < 4; ++e17_k) mlp_F_partial_Wd_tile[68*e16 + e17 + e17_k] = e17_v[e17_k];
+            }
+        } else {
+            for (int e16 = ty; e16 < 16; e16 += 2) {
+                for (int e17 = tx; e17 < 64; e17 += 64) {
+                    mlp_F_partial_Wd_tile[68*e16 + e17] = (64*c_blk + e17 < (dm < 64*c_blk + 64 ? dm : 64*c_blk + 64) && e16 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? Wd[64*c_blk + dm*(e16 + 16*e_blk) + e17] : 0.0f);
+                }
             }
         }
-        for (int e14 = ty; e14 < 32; e14 += 2) {
-            for (int e15 = tx; e15 < 16; e15 += 64) {
-                mlp_F_partial_H_tile[e14 + 36*e15] = (e14 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e15 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_H[dff*(e14 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e15 + 16*e_blk] : 0.0f);
+        if (VECTOR_LOADS) {
+            for (int e15_g = ty * 64 + tx; e15_g < 128; e15_g += 128) {
+                const int e14 = e15_g / 4, e15 = e15_g % 4 * 4;
+                float e15_v[4] = {0, 0, 0, 0};
+                if (e14 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e15 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16)) moagen_load4(e15_v, &mlp_H[dff*(e14 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e15 + 16*e_blk]);
+                #pragma unroll
+                for (int e15_k = 0; e15_k < 4; ++e15_k) mlp_F_partial_H_tile[e14 + 36*e15 + 36*e15_k] = e15_v[e15_k];
+            }
+        } else {
+            for (int e14 = ty; e14 < 32; e14 += 2) {
+                for (int e15 = tx; e15 < 16; e15 += 64) {
+                    mlp_F_partial_H_tile[e14 + 36*e15] = (e14 + 32*i_blk < (n < 32*i_blk + 32 ? n : 32*i_blk + 32) && e15 + 16*e_blk < (dff < 16*e_blk + 16 ? dff : 16*e_blk + 16) ? mlp_H[dff*(e14 + 32*i_blk + n*(-batch*quot2 + e_part_b)) + e15 + 16*e_blk] : 0.0f);
+                }
             }
         }
         __syncthreads();  // mlp_F_partial_H_tile read after mlp_F_partial_H_tile copied; mlp_F_partial_Wd_tile read after mlp_F_partial_Wd_tile copied
@@ -2674,11 +3035,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (3*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch*heads)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wq | (uintptr_t)xn1) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_Q_partial, "block_fwd_composed_f32_qkv_Q_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_Q_partial<1>, "block_fwd_composed_f32_qkv_Q_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_partial<1>, grid, block, shared, stream,
+                          Wq, xn1, qkv_Q_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_Q_partial<0>, "block_fwd_composed_f32_qkv_Q_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_Q_partial<0>, grid, block, shared, stream,
                           Wq, xn1, qkv_Q_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2695,11 +3063,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (3*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch*heads)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wk | (uintptr_t)xn1) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_K_partial, "block_fwd_composed_f32_qkv_K_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_K_partial<1>, "block_fwd_composed_f32_qkv_K_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_partial<1>, grid, block, shared, stream,
+                          Wk, xn1, qkv_K_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_K_partial<0>, "block_fwd_composed_f32_qkv_K_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_K_partial<0>, grid, block, shared, stream,
                           Wk, xn1, qkv_K_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2716,11 +3091,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (3*batch*heads*((dh + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dh + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch*heads)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wv | (uintptr_t)xn1) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_V_partial, "block_fwd_composed_f32_qkv_V_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_V_partial<1>, "block_fwd_composed_f32_qkv_V_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_partial<1>, grid, block, shared, stream,
+                          Wv, xn1, qkv_V_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_qkv_V_partial<0>, "block_fwd_composed_f32_qkv_V_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_qkv_V_partial<0>, grid, block, shared, stream,
                           Wv, xn1, qkv_V_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2757,11 +3139,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (3*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch)), block(64, 2, 1);
-        {
+        if (dh % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wo | (uintptr_t)attn) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_out_Y_partial, "block_fwd_composed_f32_out_Y_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_out_Y_partial<1>, "block_fwd_composed_f32_out_Y_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_partial<1>, grid, block, shared, stream,
+                          Wo, attn, out_Y_part, batch, n, dm, heads, dh);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_out_Y_partial<0>, "block_fwd_composed_f32_out_Y_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_out_Y_partial<0>, grid, block, shared, stream,
                           Wo, attn, out_Y_part, batch, n, dm, heads, dh);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2787,11 +3176,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (batch*((dff + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wg | (uintptr_t)xn2) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_U, "block_fwd_composed_f32_mlp_U", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_U<1>, "block_fwd_composed_f32_mlp_U<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U<1>, grid, block, shared, stream,
+                          Wg, U, xn2, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_U<0>, "block_fwd_composed_f32_mlp_U<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_U<0>, grid, block, shared, stream,
                           Wg, U, xn2, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2799,11 +3195,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (batch*((dff + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dff + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wu | (uintptr_t)xn2) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_V, "block_fwd_composed_f32_mlp_V", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_V<1>, "block_fwd_composed_f32_mlp_V<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V<1>, grid, block, shared, stream,
+                          Wu, Vu, xn2, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_V<0>, "block_fwd_composed_f32_mlp_V<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_V<0>, grid, block, shared, stream,
                           Wu, Vu, xn2, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();
@@ -2820,11 +3223,18 @@ extern "C" int block_fwd_composed_f32(
     }
     if (3*batch*((dm + 63) / 64)*((n + 31) / 32) > 0) {  /* a block per tile; each size's bound a kernel of its own */
         const dim3 grid((unsigned int)(((dm + 63) / 64)), (unsigned int)(((n + 31) / 32)), (unsigned int)(3*batch)), block(64, 2, 1);
-        {
+        if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wd | (uintptr_t)mlp_H) % 16) == 0) {
             const size_t shared = 15360;
-            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_F_partial, "block_fwd_composed_f32_mlp_F_partial", shared);
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_F_partial<1>, "block_fwd_composed_f32_mlp_F_partial<1>", shared);
             if (allowed != 0) return allowed;
-            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_partial, grid, block, shared, stream,
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_partial<1>, grid, block, shared, stream,
+                          Wd, mlp_H, mlp_F_part, batch, n, dm, dff);
+        }
+        else {
+            const size_t shared = 15360;
+            const int allowed = moagen_allow_shared(block_fwd_composed_f32_mlp_F_partial<0>, "block_fwd_composed_f32_mlp_F_partial<0>", shared);
+            if (allowed != 0) return allowed;
+            MOAGEN_LAUNCH(block_fwd_composed_f32_mlp_F_partial<0>, grid, block, shared, stream,
                           Wd, mlp_H, mlp_F_part, batch, n, dm, dff);
         }
         const cudaError_t err = cudaGetLastError();

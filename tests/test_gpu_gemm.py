@@ -7,6 +7,7 @@ projections alike; the backward's dX, two sums, as one adding a term at a time
 kernel against numpy at sizes that cut every tile."""
 from dataclasses import replace
 import json
+import re
 
 import numpy as np
 import pytest
@@ -135,9 +136,11 @@ def test_the_launch_is_a_grid_of_column_tiles_by_row_tiles_of_16_by_8_threads():
     assert kernels["U"]["block"] == (16, 8, 1)
     assert [str(g) for g in kernels["U"]["grid"]] == ["idiv(dff + 63, 64)", "idiv(n + 31, 32)",
                                                       "batch"]
-    # two tiles of 16 steps of the sum, the rows' 32 and the columns' 64, each padded by 4
-    (_, _, shared), = kernels["F_partial"]["launches"]
-    assert int(shared) == 4 * 16 * (36 + 68)
+    # two tiles of 16 steps of the sum, the rows' 32 and the columns' 64, each padded by 4;
+    # the instance copying by vectors and the scalar one
+    (_, vector, shared), (_, scalar, same) = kernels["F_partial"]["launches"]
+    assert (vector, scalar) == ("<1>", "<0>")
+    assert int(shared) == int(same) == 4 * 16 * (36 + 68)
 
 
 def _upto_schedule():
@@ -149,6 +152,8 @@ def _upto_schedule():
     (BlockTiles(("b", "i", "e"), rows=32, cols=-1, nest="U"), "a block hold at least one"),
     (Stage("X", at="e_blk", nest="U"), "nest U has no loop over e_blk"),
     (Stage("U", at="c_blk", nest="U"), "U is not an input of mlp_fwd"),
+    # no block tiles yet: Wg's rows span [0, dff), no constant extent of whole vectors
+    (Stage("Wg", at="c_blk", vector=True, nest="U"), "vector loads .* Wg's tile is not one"),
 ])
 def test_the_gemm_steps_refuse_what_they_cannot_do(step, message):
     with pytest.raises(ScheduleError, match=message):
@@ -194,12 +199,12 @@ def test_block_tiles_over_rows_and_columns_need_both_loops_from_0():
 SIZES = dict(batch=2, n=37, dm=19, dff=70)  # a partial row tile, chunk and column tile
 
 
-def _run(source, stem):
+def _run(source, stem, sizes=SIZES):
     request = resolve(KERNEL, VARIANT, "cuda-emulated", "float64", here=False)
     fn = emulated.bind(build_cuda_emulated(source, stem, racecheck=True), request.signature())
     rng = np.random.default_rng(5)
-    shapes = dict(X=(SIZES["batch"], SIZES["n"], SIZES["dm"]), Wg=(SIZES["dm"], SIZES["dff"]),
-                  Wu=(SIZES["dm"], SIZES["dff"]), Wd=(SIZES["dff"], SIZES["dm"]))
+    shapes = dict(X=(sizes["batch"], sizes["n"], sizes["dm"]), Wg=(sizes["dm"], sizes["dff"]),
+                  Wu=(sizes["dm"], sizes["dff"]), Wd=(sizes["dff"], sizes["dm"]))
     arrays = {name: rng.standard_normal(shape) for name, shape in shapes.items()}
     got = fn(*arrays.values())
     for value, want in zip(got, reference_block.mlp_fwd_numpy(*arrays.values())):
@@ -213,6 +218,52 @@ def _float64_kernel(source, label):
 
 def test_the_emulated_gemms_match_numpy_and_pass_the_race_check():
     _run(emit(KERNEL, VARIANT, "cuda-emulated"), "gemm_race")
+
+
+# the staging copies by 16-byte loads (Stage's vector option): every instance a launch may
+# pick forced to the vector one (VECTOR_LOADS 1)
+def _vector_only(source):
+    return re.sub(r"(mlp_fwd_tiled_f64_\w+)<0>", r"\1<1>", source)
+
+
+def test_the_staging_copies_load_by_vectors_where_the_rows_allow():
+    """Every operand's copy has a vector form; the launch takes it where the rows' lengths
+    are multiples of 4 and the operands 16-byte aligned."""
+    source = emit(KERNEL, VARIANT, "cuda")
+    loads = re.findall(r"moagen_load4\(\w+_v, &(\w+)\[", source)
+    assert sorted(loads) == sorted(["X", "Wg", "X", "Wu", "H", "Wd"] * 2)  # U, V, F; 2 dtypes
+    assert "if (dff % 4 == 0 && dm % 4 == 0 && (((uintptr_t)Wg | (uintptr_t)X) % 16) == 0) {" \
+        in source
+
+
+def test_the_vector_copies_match_numpy_at_sizes_of_whole_vectors():
+    """Only the vector instances, at sizes of whole vectors that still cut a row tile, a
+    chunk (20 = 16 + 4) and a column tile (72 = 64 + 8): the edge tiles' groups all in or
+    all zero."""
+    _run(_vector_only(emit(KERNEL, VARIANT, "cuda-emulated")), "gemm_vector",
+         dict(batch=2, n=37, dm=20, dff=72))
+
+
+def test_the_vector_copies_fail_on_rows_of_no_whole_vectors():
+    """At SIZES (dm 19) the vector instance's loads are misaligned (the emulation fails
+    them, as a GPU would fault): the launch's check is what keeps them off."""
+    with pytest.raises(EmulationCheckError, match="not 16-byte aligned"):
+        _run(_vector_only(emit(KERNEL, VARIANT, "cuda-emulated")), "gemm_vector_odd")
+
+
+@pytest.mark.skipif(not sass.tools_available(), reason="nvcc or cuobjdump absent")
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_staging_copies_are_128_bit_loads(dtype):
+    """U's vector instance on sm_80 and sm_90: every global load of its copies a 128-bit one
+    (a float4, two double2), none scalar; the hottest loop still no global load, no spill."""
+    reports = [r for r in sass.inspect(KERNEL, VARIANT, dtype)
+               if r.nest == "U" and r.name.endswith("<1>")]
+    assert len(reports) == 2
+    for r in reports:
+        hottest = max(r.loops, key=lambda lp: lp.fma)
+        copies = [lp for lp in r.loops if lp is not hottest and lp.counts["LDG"]]
+        assert copies and all(lp.ldg_128 == lp.counts["LDG"] for lp in copies), (r.arch, r.name)
+        assert hottest.counts["LDG"] == 0 and r.spill_stores == r.spill_loads == 0
 
 
 @pytest.mark.parametrize("which", [1, 2])

@@ -145,5 +145,5 @@ def gemm_mapping(label, outer, rows, cols, summed, operands, threads, block_rows
     tiles, inner = threads
     return (BlockTiles(outer + (rows, cols), rows=block_rows, cols=block_cols, nest=label),
             *tiles(label, rows, cols, summed),
-            *(Stage(operand, at=chunks, nest=label) for operand in operands),
+            *(Stage(operand, at=chunks, vector=True, nest=label) for operand in operands),
             *inner(label, summed))

@@ -94,11 +94,13 @@ class Mma:
 class BlockCopy:
     """A loop of a block's copy into shared memory (Stage), over the block's threads along
     `axis`: "x" (consecutive threads on consecutive elements), "y", or "xy" (all of them,
-    flat: a 1-D tile)."""
+    flat: a 1-D tile). vector: the x loop of a copy whose groups of 4 consecutive elements
+    are each read by one thread's 16-byte load (Stage's vector option states when)."""
     axis: str
+    vector: bool = False
 
     def __str__(self):
-        return f"block-copy.{self.axis}"
+        return f"block-copy.{self.axis}{'(vector)' if self.vector else ''}"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from moagen.onf.loops import (BlockCopy, Buffer, Let, Loop, ONF, Store, Update, 
                               arrays_read, bound_symbol, grid_bounds, is_grid, is_thread_loop,
                               loop_key, map_stmt_exprs, max_extent, rewrite_loops, walk)
 from moagen.onf.names import kernel_names
+from moagen.steps.gpu.vector import VECTOR_TILE
 from moagen.steps.step import Step, flag, option, shown
 
 # elements a shared tile's rows are padded by: against bank conflicts where threads walk
@@ -143,7 +144,17 @@ class Stage(Step):
     by: only the reads inside a thread loop over `by` (the phase whose register tiles walk
     that axis: K by keys in the scores, by columns in dQ += dS K), laid out for them; the
     array's other reads another Stage's (a second tile of the same rows, each phase's reads
-    along its own fastest axis: vector loads in both)."""
+    along its own fastest axis: vector loads in both).
+
+    vector: each thread copies groups of VECTOR_TILE consecutive elements of a source row,
+    each by one 16-byte load (moagen_load4), in the kernel's vector instance; its scalar
+    instance copies element by element. Preconditions (what keeps a group aligned and
+    wholly inside or outside the guards): a 2-D copy of a row-major array, its inner loop
+    over the array's last index, of a constant extent a multiple of VECTOR_TILE from a
+    start a multiple of it, bounded by the row's length (or the tile's end). The launch
+    runs the vector instance only where that length is a multiple of VECTOR_TILE and the
+    array 16-byte aligned (moagen.targets.cuda.tiled), so a group at an edge tile is all
+    in the row or all past it (zero)."""
     array: str
     at: str = shown("at {at}")
     late: bool = flag("late")
@@ -152,6 +163,7 @@ class Stage(Step):
     # `steps` (the tile's bound one too), zero past the range: a tensor-core sum reads
     # whole steps of k (WarpMma)
     steps: int = option("zero to steps of {steps}", 0)
+    vector: bool = flag("vector loads")
     nest: Optional[str] = None
     layer = "mapping"
 
@@ -209,7 +221,9 @@ class Stage(Step):
                                   for v in values):
                 raise ScheduleError(f"{self}: a size's compiled bounds are not whole steps of "
                                     f"{self.steps}: the copy would run past the tile")
-            copy = _copy(name, self.array, region, order, names, self.steps)
+            if self.vector:
+                self._check_vector(onf, region)
+            copy = _copy(name, self.array, region, order, names, self.steps, self.vector)
             moved = lambda a: S.Access(name, tuple(
                 sympy.sympify(a.index[p]) - region.loops[p].start for p in order))
             body = _replace_accesses(loop.body, self.array, moved, serves, (loop,))
@@ -225,12 +239,30 @@ class Stage(Step):
         nests = [replace(n, body=body) if n is nest else n for n in onf.nests]
         return replace(onf.with_nests(nests, str(self)), shared=tuple(shared))
 
+    def _check_vector(self, onf, region):
+        """The vector option's preconditions (the class's docstring)."""
+        row = next(b for b in onf.inputs + onf.temps + onf.outputs
+                   if b.name == self.array).shape[-1]
+        last, extent = region.loops[-1], region.extents()[-1]
+        bounds = () if last is None else \
+            last.stop.args if isinstance(last.stop, sympy.Min) else (last.stop,)
+        if onf.layout != "row" or last is None or len(region.extents()) != 2 or \
+                not sympy.sympify(extent).is_Integer or extent % VECTOR_TILE or \
+                any(t.as_coeff_Mul()[0] % VECTOR_TILE for t in sympy.Add.make_args(last.start)) \
+                or any(simplified(b - row) != 0 and simplified(b - last.start - extent) != 0
+                       for b in bounds):
+            raise ScheduleError(f"{self}: vector loads copy a 2-D tile of a row-major array "
+                                f"along its last index, from a multiple of {VECTOR_TILE} in "
+                                f"whole groups of {VECTOR_TILE}, up to the row's length; "
+                                f"{self.array}'s tile is not one")
 
-def _copy(tile, array, region, order, names, steps=0) -> Loop:
+
+def _copy(tile, array, region, order, names, steps=0, vector=False) -> Loop:
     """The block's copy of the tile: loops over its elements in the source's order, the
     last over the block's x threads (consecutive threads on consecutive addresses), the one
     before over its y threads; a 1-D tile's one loop over all of them (copy.xy). steps:
-    an extent of no constant value rounded up to whole steps of it (zero past the range)."""
+    an extent of no constant value rounded up to whole steps of it (zero past the range).
+    vector: the x loop's mark says it copies by groups of 4 (Stage's vector option)."""
     spanned = [p for p, lp in enumerate(region.loops) if lp is not None]
     extents = dict(zip(spanned, region.extents()))
     if steps:
@@ -249,7 +281,7 @@ def _copy(tile, array, region, order, names, steps=0) -> Loop:
     # a 1-D tile (a block's lse) over all the block's threads, flat: no two copy one element
     axes = {spanned[-1]: "x", spanned[-2]: "y"} if len(spanned) > 1 else {spanned[-1]: "xy"}
     for p in reversed(spanned):
-        mark = BlockCopy(axes[p]) if p in axes else None
+        mark = BlockCopy(axes[p], vector and axes[p] == "x") if p in axes else None
         body = (Loop(coords[p], sympy.Integer(0), sympy.sympify(extents[p]), body, gpu=mark),)
     return body[0]
 

@@ -10,8 +10,8 @@ from moagen.targets.c.printer import CPrinter
 from moagen.targets.printer import Printer, arrays_in, dnf_comment, names_used
 from moagen.targets.cuda.tiled import TiledKernel, is_tiled
 from moagen.templates import render
-from moagen.onf.loops import (Let, Loop, Mma, Store, Update, arrays_read, is_thread_loop,
-                              parallel_chain, stmt_exprs, walk)
+from moagen.onf.loops import (Let, Loop, Mma, Store, Update, arrays_read, is_block_copy,
+                              is_thread_loop, parallel_chain, stmt_exprs, walk)
 
 # threads a block where no mapping says (nests a step made parallel itself: a register
 # tile's panels)
@@ -256,7 +256,8 @@ def emit_cuda(onfs_by_dtype, banner):
                   block_reductions=any(l["block_reductions"] for l in launchers),
                   keep=keep, qualifier="__device__ static inline ", helper_directive="",
                   tiled=any(k["tiled"] for l in launchers for k in l["kernels"]),
-                  vector_loads=any(is_thread_loop(lp) and lp.gpu.vector for _, onf in onfs_by_dtype
+                  vector_loads=any((is_thread_loop(lp) or is_block_copy(lp)) and lp.gpu.vector
+                                   for _, onf in onfs_by_dtype
                                    for n in onf.nests for lp in walk(n.body)),
                   mma=any(isinstance(lp.gpu, Mma) for _, onf in onfs_by_dtype
                           for n in onf.nests for lp in walk(n.body) if isinstance(lp, Loop)))

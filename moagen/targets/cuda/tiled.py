@@ -69,9 +69,16 @@ class TiledKernel:
             raise ValueError(f"nest {nest.label} has no shared layout for {element_bytes}-byte "
                              "elements: print a tiled nest as realize leaves it")
         self.shared = {a.name for a in self.layout.arrays}
-        # VectorLoads' loops: the kernel an instance with them (VECTOR_LOADS 1) where the
-        # launch finds its preconditions hold, one with their scalar form (0) otherwise
-        self.vector = [lp for lp in walk(self.body) if is_thread_loop(lp) and lp.gpu.vector]
+        # the 16-byte loads, each (the length of the rows it reads, the arrays): VectorLoads'
+        # loops and Stage's vector copies. The kernel an instance with them (VECTOR_LOADS 1)
+        # where the launch finds their preconditions hold, one with their scalar form (0)
+        # otherwise
+        rows = {b.name: b.shape[-1] for b in printer.onf.inputs + printer.onf.temps
+                + printer.onf.outputs}
+        self.vector = [(lp.stop, arrays_in(lp.body)) for lp in walk(self.body)
+                       if is_thread_loop(lp) and lp.gpu.vector] + \
+            [(rows[a], [a]) for lp in walk(self.body) if is_block_copy(lp) and lp.gpu.vector
+             for a in [_copy_source(lp)]]
 
     # ---- the kernel's parts -----------------------------------------------------------
     def template(self):
@@ -100,7 +107,7 @@ class TiledKernel:
         compiled bound, as sympy expressions; a vector instance's condition has the rows'
         length a multiple of a vector (the arrays' alignment, which no size says, is
         assumed: cudaMalloc's)."""
-        rows = {lp.stop for lp in self.vector}
+        rows = {r for r, _ in self.vector}
         return [(sympy.And(bound, *(sympy.Eq(sympy.Mod(r, VECTOR_TILE), 0) for r in rows))
                  if vector else bound, arguments, shared)
                 for bound, vector, arguments, shared in self._instances()]
@@ -113,9 +120,9 @@ class TiledKernel:
         for bound, vector, arguments, shared in self._instances():
             tests = [] if bound is sympy.true else [self.p.index(bound)]
             if vector:
-                tests += sorted({f"{self.p.index(lp.stop)} % {VECTOR_TILE} == 0"
-                                 for lp in self.vector})
-                arrays = sorted({a for lp in self.vector for a in arrays_in(lp.body)})
+                tests += sorted({f"{self.p.index(r)} % {VECTOR_TILE} == 0"
+                                 for r, _ in self.vector})
+                arrays = sorted({a for _, read in self.vector for a in read})
                 tests.append(f"(({' | '.join(f'(uintptr_t){a}' for a in arrays)}) % 16) == 0")
             out.append((" && ".join(tests), arguments, self.p.index(shared)))
         return out
@@ -239,6 +246,12 @@ class TiledKernel:
         consecutive elements), the one before over the y threads, any other a loop of
         every thread; a 1-D copy's one loop over all the block's threads (axis xy)."""
         pad, v = self.p.indent * depth, loop.var
+        inner = loop.body[0] if len(loop.body) == 1 else None
+        if is_block_copy(inner) and inner.gpu.vector:
+            return [pad + "if (VECTOR_LOADS) {", *self.vector_copy(loop, depth + 1),
+                    pad + "} else {", *self.copy(replace(loop, body=(
+                        replace(inner, gpu=replace(inner.gpu, vector=False)),)), depth + 1),
+                    pad + "}"]
         first, step = {"x": ("tx", self.block_dims[0]),
                        "y": ("ty", self.block_dims[1]),
                        "xy": (f"ty * {self.block_dims[0]} + tx",
@@ -252,6 +265,36 @@ class TiledKernel:
         advance = f"++{v}" if step == 1 else f"{v} += {step}"
         return [f"{pad}for (int {v} = {first}; {v} < {self.p.index(loop.stop)}; {advance}) {{",
                 *inner, pad + "}"]
+
+    def vector_copy(self, loop, depth):
+        """A 2-D copy whose x loop is a vector one (Stage's vector option): the block's
+        threads over its groups of VECTOR_TILE elements of a row, flat (every thread busy
+        where a row has fewer groups than the block's x threads), each group by
+        moagen_load4, or zero where the copy's guard puts it past the source's edge (all
+        its elements alike: the option's preconditions), then into the tile."""
+        pad, inner = self.p.indent, loop.body[0]
+        (store,) = inner.body
+        x, width = inner.var, VECTOR_TILE
+        groups = simplified(inner.stop / width)
+        flat, values, k = f"{x}_g", f"{x}_v", sympy.Symbol(f"{x}_k", integer=True)
+        threads = self.block_dims[0] * self.block_dims[1]
+        value, guard = store.value, None
+        if isinstance(value, S.Select):
+            value, guard = value.then, value.cond
+        load = f"moagen_load4({values}, &{self.p.expr(value)});"
+        (offset,) = store.index
+        return [pad * depth + f"for (int {flat} = ty * {self.block_dims[0]} + tx; "
+                              f"{flat} < {self.p.index(loop.stop * groups)}; "
+                              f"{flat} += {threads}) {{",
+                pad * (depth + 1) + f"const int {loop.var} = {flat} / {self.p.index(groups)}, "
+                                    f"{x} = {flat} % {self.p.index(groups)} * {width};",
+                pad * (depth + 1) + f"{self.p.real} {values}[{width}] = {{{', '.join(['0'] * width)}}};",
+                pad * (depth + 1) + (f"if ({self.p.index(guard)}) {load}" if guard else load),
+                pad * (depth + 1) + "#pragma unroll",
+                pad * (depth + 1) + f"for (int {k} = 0; {k} < {width}; ++{k}) "
+                                    f"{store.array}[{self.p.index(offset.xreplace({x: x + k}))}]"
+                                    f" = {values}[{k}];",
+                pad * depth + "}"]
 
     def leaf(self, s, depth):
         pad = self.p.indent  # inside a thread loop (check_block_form)
@@ -556,3 +599,9 @@ def _definitions(stmts, around=()):
         elif isinstance(s, Let):
             yield s, around
 
+
+def _copy_source(copy):
+    """The array a block's copy reads."""
+    (array,) = {x.array for s in walk(copy.body) if isinstance(s, Store)
+                for x in S.subexpressions(s.value) if isinstance(x, S.Load)}
+    return array
