@@ -81,6 +81,9 @@ def stand_in(devices=1):
                                                   CU_POINTER_ATTRIBUTE_CONTEXT="context"),
         cuInit=lambda flags: ok, cuDeviceGetCount=lambda: ok + (devices,),
         cuDeviceGet=lambda i: ok + (i,), cuDeviceGetName=lambda n, dev: ok + (b"Stand-in\0\0",),
+        CUdevice_attribute=types.SimpleNamespace(
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="multiprocessors"),
+        cuDeviceGetAttribute=lambda attribute, dev: ok + ({"multiprocessors": 132}[attribute],),
         cuDevicePrimaryCtxRetain=lambda dev: ok + (primary,),
         cuCtxSetCurrent=lambda ctx: ok, cuCtxSynchronize=lambda: ok,
         cuMemAlloc=alloc, cuMemFree=lambda p: (memory.pop(int(p)), ok)[1],
@@ -112,7 +115,7 @@ def driver(monkeypatch):
 
 def test_a_kernel_runs_on_driver_memory_with_numpy_and_device_arrays(driver):
     gpu, memory, calls = driver
-    assert gpu.name == "Stand-in"
+    assert gpu.name == "Stand-in" and gpu.multiprocessors == 132  # what chosen sizes fit
     loaded = runtime.load("attention_decode", "split", "cuda-emulated")
     fn = bind_on(gpu, runtime.library(resolve("attention_decode", "split", "cuda-emulated")),
                  loaded.signature, get_kernel("attention_decode").validate)
