@@ -109,8 +109,7 @@ def run(kernels=None, langs=None, variants=None, dtypes=DTYPES,
         kernel = get_kernel(name)
         name = kernel.name  # an alias (attention_fwd_vjp) runs as the kernel it names
         for variant in variants or ():
-            for kind in kinds.values():
-                kernel.variant(variant, kind)
+            kernel.variant_on_each(variant, kinds.values())
         for lang, kind in kinds.items():
             for variant in variants or kernel.variants_on(kind):
                 for dtype in dtypes:

@@ -48,9 +48,7 @@ def targets(items, langs):
         name, _, variant = item.partition(":")
         kernel = get_kernel(name)
         if variant:
-            for kind in kinds:
-                kernel.variant(variant, kind)
-            out.append((kernel.name, kernel.variant(variant).name))
+            out.append((kernel.name, kernel.variant_on_each(variant, kinds).name))
         else:
             out += [(kernel.name, v) for v in kernel.variants
                     if all(v in kernel.variants_on(kind) for kind in kinds)]

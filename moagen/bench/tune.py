@@ -93,8 +93,8 @@ def main(args):
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     langs = args.lang or ["c"]
     for k in map(get_kernel, args.kernels):  # a named variant refused where it does not run
-        for lang in langs if args.variant in k.variants else ():
-            k.variant(args.variant, get_target(lang).kind)
+        if args.variant in k.variants:
+            k.variant_on_each(args.variant, (get_target(lang).kind for lang in langs))
     targets = [(k.name, name, lang) for k in map(get_kernel, args.kernels) for lang in langs
                for name, v in k.variants_on(get_target(lang).kind).items() if v.space
                and (args.variant is None or name == args.variant)]

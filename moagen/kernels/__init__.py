@@ -91,6 +91,13 @@ class _Variants:
                 f"{', '.join(self.variants_on(target))}")
         return self.variants[name]
 
+    def variant_on_each(self, name: str, kinds) -> Variant:
+        """The named variant, refused (as variant() refuses) on the first of `kinds` it does
+        not run on: a variant asked for in several languages at once."""
+        for kind in kinds:
+            self.variant(name, kind)
+        return self.variant(name)  # an unknown name refused where no kind is given too
+
     def default_variant(self, target: str = "cpu", dtype: str = "float64",
                         otherwise: str = None) -> str:
         """The variant a target kind runs where none is named: the module's DEVICE_DEFAULTS
