@@ -101,7 +101,8 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
 def run(kernels=None, langs=None, variants=None, dtypes=DTYPES,
         load=partial(runtime.load, tuned=False)):
     """Yield a Row per kernel x variant x language (by default those that run here) x dtype
-    x sizes; each variant with the defaults of its target, as generated/ holds it. Unnamed,
+    x sizes; each variant at the defaults this machine loads (its AVX-512 tiles where the
+    compiler targets AVX-512, generated/'s otherwise; not its tuning file's). Unnamed,
     the variants are those that run on the language's kind; a named one on a kind it does
     not run on is an error, before the kernel's first row."""
     kinds = {lang: get_target(lang).kind for lang in langs or default_langs()}

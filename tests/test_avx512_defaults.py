@@ -1,7 +1,7 @@
 """Defaults for AVX-512 machines: a Tunable's `avx512` overrides reach moagen.load and the
 bench's record where the compiler targets AVX-512, and nowhere else; generated/ keeps the
-portable defaults, and they keep the value in C and Fortran where the machine loads the
-others."""
+portable defaults (which tests/test_verify.py checks), and the AVX-512 tiles keep the value
+in C and Fortran where the machine loads them."""
 import platform
 
 import numpy as np
@@ -114,15 +114,12 @@ def test_the_compiler_is_asked_with_its_flags():
                                              ("attention_fwd", "flash"),
                                              ("attention_bwd", "flash")])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_portable_tiles_keep_the_value_where_the_machine_loads_others(kernel, variant, lang,
-                                                                          dtype):
-    """tests/test_verify.py checks the tiles this machine loads: here also generated/'s
-    where those are the AVX-512 ones (the AVX-512 tiles run by default only where
-    test_verify checks them)."""
+def test_the_tiles_this_machine_loads_keep_the_value(kernel, variant, lang, dtype):
+    """tests/test_verify.py checks generated/'s tiles: here also the AVX-512 ones, where
+    this machine loads them."""
     if resolve(kernel, variant, lang, dtype, tuned=False).chosen == ():
-        pytest.skip("this machine loads the portable tiles: tests/test_verify.py checks them")
-    portable = get_kernel(kernel).variant(variant).defaults_for("cpu", dtype)
-    load = lambda k, v, l, d: runtime.load(k, v, l, d, params=portable)
+        pytest.skip("this machine loads generated/'s tiles: tests/test_verify.py checks them")
+    load = lambda k, v, l, d: runtime.load(k, v, l, d, tuned=False)
     for sizes in get_kernel(kernel).check.sizes:
         row = verify.check_case(kernel, variant, lang, dtype, sizes, load=load)
         assert row.status == "pass", verify.format_row(row)
