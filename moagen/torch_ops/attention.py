@@ -182,15 +182,20 @@ def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tenso
     elif attn_mask.dim() == 4 and attn_mask.shape[1] == 1:
         full = (full[0], *full[2:])
         attn_mask = attn_mask[:, 0]
+    # a boolean mask made a float one in one pass, the rest on booleans: it is as large as
+    # the scores (float32, n 4096, 8 heads, 1 thread: 157 -> 92 ms of a 721 ms masked call);
+    # no branch on whether every row sees a key, which torch.compile could not trace
     if attn_mask.dtype == torch.bool:
-        mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=attn_mask.device
-                           ).masked_fill_(~attn_mask, float("-inf"))
+        seen = attn_mask.any(-1, keepdim=True)
+        zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
+                        for x in (0.0, float("-inf")))
+        mask = torch.where(attn_mask | ~seen, zero, hidden)
     else:
         mask = attn_mask.to(q.dtype)
-    seen = (mask > float("-inf")).any(-1, keepdim=True)
+        seen = (mask > float("-inf")).any(-1, keepdim=True)
+        mask = mask.masked_fill(~seen, 0)
     by_batch = len(full) == 3
-    return mask.masked_fill(~seen, 0).expand(full).contiguous(), \
-        seen.unsqueeze(1) if by_batch else seen
+    return mask.expand(full).contiguous(), seen.unsqueeze(1) if by_batch else seen
 
 
 def _padded(q: Tensor, k: Tensor, v: Tensor, lengths: list, scale: float,
