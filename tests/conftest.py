@@ -81,17 +81,22 @@ def scale_rows():
     return types.SimpleNamespace(sources=SOURCES, signature=signature)
 
 
+@pytest.fixture(scope="session")
+def run_folder(tmp_path_factory):
+    """A folder every test of this run shares, each pytest-xdist worker's too (a worker's
+    base folder is one of the run's)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.getbasetemp().parent
+    return tmp_path_factory.getbasetemp()
+
+
 @pytest.fixture(scope="session", autouse=True)
-def session_build_dir(tmp_path_factory):
+def session_build_dir(run_folder):
     """One build directory for every test, so that each kernel builds once a run (a test
     that loaded kernels without it built them into build/ as well: a fresh checkout
-    compiled a quarter of the kernels twice)."""
-    # under pytest-xdist every worker shares one folder (its builds are atomic renames)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        path = tmp_path_factory.getbasetemp().parent / "build"
-        path.mkdir(exist_ok=True)
-    else:
-        path = tmp_path_factory.mktemp("build")
+    compiled a quarter of the kernels twice); the workers' builds are atomic renames."""
+    path = run_folder / "build"
+    path.mkdir(exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MOAGEN_BUILD_DIR", str(path))
         yield path

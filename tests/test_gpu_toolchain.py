@@ -7,6 +7,7 @@ The archive is `bench/gpu.sh prepare`'s where it is there; otherwise the script 
 from Debian's packages at xz level 1 (apt-get download, then xz, most of the time; level 6,
 prepare's, took 3.8 minutes on a busy 2-core VM). Level 1's archive is the larger, so the
 budget holds for prepare's where it holds for the test's."""
+import fcntl
 import os
 import re
 import shutil
@@ -28,15 +29,28 @@ def packages():
 
 
 @pytest.fixture(scope="module")
-def archive(tmp_path_factory):
+def archive(run_folder):
     if PREPARED.exists():
         return PREPARED
     if not (shutil.which("apt-get") and shutil.which("dpkg-deb") and shutil.which("xz")):
         pytest.skip("no archive from bench/gpu.sh prepare, and no apt-get, dpkg or xz to make one")
-    made = tmp_path_factory.mktemp("toolchain") / "gcc12-openacc.tar.xz"
-    # at the script's own level, so that the budget check weighs what bench/gpu.sh carries
-    # (xz -1 is faster but about 5 MiB larger, which no longer fits beside generated/)
-    subprocess.run([str(SCRIPT), str(made)], check=True, capture_output=True, timeout=600)
+    # one archive a run, which takes most of this file's time: the first worker of
+    # pytest-xdist to ask makes it, the others wait on the lock and take it
+    folder = run_folder / "toolchain"
+    folder.mkdir(exist_ok=True)
+    made = folder / "gcc12-openacc.tar.xz"
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            try:
+                # at the script's own level, so that the budget check weighs what
+                # bench/gpu.sh carries (xz -1 is faster but about 5 MiB larger, which no
+                # longer fits beside generated/)
+                subprocess.run([str(SCRIPT), str(made)], check=True, capture_output=True,
+                               timeout=600)
+            except BaseException:
+                made.unlink(missing_ok=True)  # no half-written archive for the next worker
+                raise
     return made
 
 
