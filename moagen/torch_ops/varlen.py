@@ -10,9 +10,13 @@ are never visited. Causal is bottom-right within each sequence, as FlashAttentio
 of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that sees no key
 (a sequence with more queries than keys, or with no key) gets zeros and no gradient.
 
-Not one kernel launch for the batch: the kernels take sizes, not integer arrays, so the
-offsets cannot reach them; each sequence is a call of its own, its rows copied to the
-kernels' (1, heads, n, d) layout and its output copied back."""
+Where no gradient is taken (no input requires one, or under torch.no_grad), the batch is
+one call of attention_varlen_fwd (`_causal`; moagen.kernels.attention_varlen, its dnf
+variant), the offsets passed to it as int64 arrays: each sequence's loops read their bounds
+from them. Where one is, each sequence is a call of its own (forward and backward): there is
+no varlen backward kernel yet, and the per-sequence forward keeps the O and lse its
+backward reads. So are tensors PyTorch traces (torch.compile's fake tensors): the batch's
+kernel is called directly, not as an operator."""
 import math
 from typing import Optional, Sequence, Union
 
@@ -20,8 +24,8 @@ import torch
 from torch import Tensor
 
 from moagen.torch_ops.attention import attention
-from moagen.torch_ops.native import (check_dims, check_lang, check_size, check_tensors,
-                                     int_list)
+from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
+                                     check_tensors, int_list)
 
 SHAPE = "(total, heads, d)"
 
@@ -45,6 +49,28 @@ def _check(op, q, k, v, lang):
         check_dims(op, name, t, 3, SHAPE)
     check_size(op, "k's shape", tuple(k.shape), tuple(v.shape))
     check_size(op, "k's head size", k.shape[2], q.shape[2])
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"{op}: k's {k.shape[1]} heads must divide q's {q.shape[1]} "
+                         "(grouped-query attention)")
+
+
+def _one_call(q, k, v):
+    """Whether the batch is one call of the varlen kernel: plain tensors taking no gradient,
+    with rows to attend (the kernels' sizes are at least 1)."""
+    plain = all(type(t) is Tensor for t in (q, k, v))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return plain and not grad and q.shape[0] > 0 and k.shape[0] > 0
+
+
+def _packed(q, k, v, queries, keys, causal, scale, lang):
+    """O by one call of attention_varlen_fwd (`_causal`), q seen as (total_q, kv_heads,
+    group, d), the offsets as int64 tensors on q's device."""
+    kv_heads = k.shape[1]
+    offsets = [torch.tensor(b, dtype=torch.int64, device=q.device) for b in (queries, keys)]
+    out, _ = call(causal_name("attention_varlen_fwd", causal), "dnf", lang,
+                  (q, (q.shape[0], kv_heads, q.shape[1] // kv_heads, q.shape[2])), k, v,
+                  *offsets, scale=scale, out_shapes=(q.shape, None))
+    return out
 
 
 def _one_sequence(t: Tensor) -> Tensor:
@@ -63,7 +89,9 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     (total_k, kv_heads, d), kv_heads dividing heads (grouped-query attention); cu_seqlens_q
     and cu_seqlens_k the batch's cumulative offsets, as many of each (batch + 1), from 0 to
     total_q and total_k. causal: bottom-right within each sequence. Returns (total_q, heads,
-    d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's."""
+    d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's.
+    Without a gradient, one kernel call for the batch; with one, a call a sequence (see the
+    module's docstring)."""
     op = "moagen.torch.attention_varlen"
     if not isinstance(causal, bool):
         raise ValueError(f"{op}: causal must be True (bottom-right within each sequence, as "
@@ -73,6 +101,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     keys = sequence_bounds(op, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
     check_size(op, "the number of cu_seqlens_k's offsets", len(keys), len(queries))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if _one_call(q, k, v):
+        return _packed(q, k, v, queries, keys, causal, scale, lang)
     outs = []
     for (q0, q1), (k0, k1) in zip(zip(queries, queries[1:]), zip(keys, keys[1:])):
         out = attention(*(_one_sequence(t[start:stop]) for t, start, stop in
