@@ -56,7 +56,7 @@ def test_every_loop_over_a_sequence_is_bounded_by_its_offsets():
     onf = onf_of(KERNEL, "dnf")
     extents = {str(lp.var): str(lp.stop - lp.start) for n in onf.nests for lp in walk(n.body)
                if isinstance(lp, Loop) and str(lp.var) in ("i", "j")}
-    assert extents == {"i": "-cu_q(s) + cu_q(s + 1)", "j": "-cu_k(s) + cu_k(s + 1)"}
+    assert extents == {"i": "-cu_q(b) + cu_q(b + 1)", "j": "-cu_k(b) + cu_k(b + 1)"}
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])

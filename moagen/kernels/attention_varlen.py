@@ -1,14 +1,14 @@
 """Attention over a packed batch of sequences of different lengths (FlashAttention's varlen
 form, #54 item 1): the queries of every sequence in one array Q (total_q, kv_heads, group,
 d), their keys and values in K, V (total_k, kv_heads, d), and the int64 offsets cu_q, cu_k
-(batch + 1 entries, as cu_seqlens): sequence s is query rows cu_q[s] .. cu_q[s+1] - 1 and
-key rows cu_k[s] .. cu_k[s+1] - 1. O (total_q, kv_heads, group, d) and lse (total_q,
+(batch + 1 entries, as cu_seqlens): sequence b is query rows cu_q[b] .. cu_q[b+1] - 1 and
+key rows cu_k[b] .. cu_k[b+1] - 1. O (total_q, kv_heads, group, d) and lse (total_q,
 kv_heads, group) are stored packed as Q. Grouped-query heads as attention_gqa (a query
 head of kv head g, index r in its group; MHA is a group of one): the caller's (total_q,
 heads, d) is Q with heads = kv_heads * group split, no copy.
 
 Each sequence is attention_cross's head written over the sequence's rows: the offsets'
-entries are index expressions (moagen.moa.expr.element: cu_q(s)), so that a sequence's
+entries are index expressions (moagen.moa.expr.element: cu_q(b)), so that a sequence's
 query and key loops run over its own rows, their bounds read from the offsets, and no
 other sequence's key is visited (moagen.moa.spec.Packed stores its rows).
 
@@ -38,20 +38,21 @@ CU_Q = offsets("cu_q", "batch", "total_q")
 CU_K = offsets("cu_k", "batch", "total_k")
 # the loops: a sequence's heads, then its query rows (their extent the sequence's, read from
 # cu_q: only the loops outside it run in parallel, a collapsed nest being rectangular)
-HEADS = ("s", "g", "r")
+SEQUENCE = "b"  # the index of a sequence of the batch
+HEADS = (SEQUENCE, "g", "r")
 ROWS = HEADS + ("i",)
 
 
 def _rows(array_, offsets_, head):
-    """Sequence s's rows of one head of a packed array: `head` its index after the rows."""
-    first = element(offsets_, "s")
+    """Sequence b's rows of one head of a packed array: `head` its index after the rows."""
+    first = element(offsets_, SEQUENCE)
     heads = transpose(array_, tuple(range(1, len(array_.shape) - 1)) + (0, len(array_.shape) - 1))
     return take(_extent(offsets_), drop(first, psi(head, heads)))
 
 
 def _extent(offsets_):
-    """Sequence s's rows: offsets(s + 1) - offsets(s)."""
-    return element(offsets_, sym("s") + 1) - element(offsets_, "s")
+    """Sequence b's rows: offsets(b + 1) - offsets(b)."""
+    return element(offsets_, sym(SEQUENCE) + 1) - element(offsets_, SEQUENCE)
 
 
 def _seen_mask(n_q, n_k):
@@ -83,7 +84,7 @@ def spec(causal: bool) -> KernelSpec:
     o, lse = _head(_rows(Q, CU_Q, ("g", "r")), _rows(K, CU_K, ("g",)), _rows(V, CU_K, ("g",)),
                    _seen_mask(n_q, n_k) if causal else None)
     extents = ("batch", "kv_heads", "group")
-    packed = Packed("s", "i", CU_Q)
+    packed = Packed(SEQUENCE, "i", CU_Q)
     return KernelSpec(
         name=name(causal), inputs=(Q, K, V, CU_Q, CU_K), scalars=("scale",),
         outputs=(Output("O", lift(HEADS, extents, o), ROWS + ("c",), packed),
