@@ -101,6 +101,8 @@ class KernelCallable:
         # What every call walks, computed once: a call's checks cost more than a small
         # kernel's work, and a model makes many small calls.
         self._inputs = signature.inputs
+        # each input's element type: "" the kernel's float, "int64" (offsets)
+        self.input_elements = tuple(p.element for p in self._inputs)
         self._outputs = signature.outputs
         self._scratch_params = signature.scratch
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}

@@ -166,8 +166,8 @@ def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
     if fn.takes_addresses:
         allocate = _ALLOCATE[dtype] if out_shapes is None else _allocator(dtype, out_shapes)
         # an integer input (offsets) of its own dtype, the others of the kernel's
-        dtypes = [ELEMENTS[p.element] if p.element else dtype for p in fn.signature.inputs]
-        return fn.call_at([(_address(name, t, d), shape) for (t, shape), d in zip(held, dtypes)],
+        return fn.call_at([(_address(name, t, ELEMENTS[e] if e else dtype), shape)
+                           for (t, shape), e in zip(held, fn.input_elements)],
                           allocate, **scalars)
     result = fn(*(t.detach().numpy().reshape(shape) for t, shape in held), **scalars)
     if result is None:

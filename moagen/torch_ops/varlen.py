@@ -10,13 +10,15 @@ are never visited. Causal is bottom-right within each sequence, as FlashAttentio
 of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that sees no key
 (a sequence with more queries than keys, or with no key) gets zeros and no gradient.
 
-Where no gradient is taken (no input requires one, or under torch.no_grad), the batch is
-one call of attention_varlen_fwd (`_causal`; moagen.kernels.attention_varlen, its dnf
-variant), the offsets passed to it as int64 arrays: each sequence's loops read their bounds
-from them. Where one is, each sequence is a call of its own (forward and backward): there is
-no varlen backward kernel yet, and the per-sequence forward keeps the O and lse its
-backward reads. So are tensors PyTorch traces (torch.compile's fake tensors): the batch's
-kernel is called directly, not as an operator."""
+one_call=True: the batch is one call of attention_varlen_fwd (`_causal`;
+moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each sequence's
+loops reading their bounds from them; forward only (no varlen backward kernel yet), so the
+inputs must take no gradient. Not the default: that kernel has only its dnf variant (three
+passes over a row's keys, a thread a sequence's head), faster than the per-sequence flash
+kernels only for many short sequences (8 of 16 rows: 0.3-0.6x their time), 4-22x slower
+for sequences of hundreds of rows (docs/journal/2026-12-07-varlen-kernel.md). Tensors PyTorch traces (torch.compile's fake
+tensors) and an empty batch take the per-sequence path: the batch's kernel is called
+directly, not as an operator, and takes sizes of at least 1."""
 import math
 from typing import Optional, Sequence, Union
 
@@ -54,12 +56,16 @@ def _check(op, q, k, v, lang):
                          "(grouped-query attention)")
 
 
-def _one_call(q, k, v):
-    """Whether the batch is one call of the varlen kernel: plain tensors taking no gradient,
-    with rows to attend (the kernels' sizes are at least 1)."""
+def _one_call(op, q, k, v, one_call):
+    """Whether the batch is one call of the varlen kernel: asked for, plain tensors with
+    rows to attend; refused where a gradient is to be taken."""
+    if not one_call:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError(f"{op}: one_call=True is forward only (no varlen backward kernel); "
+                         "call it under torch.no_grad() or on inputs that take no gradient")
     plain = all(type(t) is Tensor for t in (q, k, v))
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    return plain and not grad and q.shape[0] > 0 and k.shape[0] > 0
+    return plain and q.shape[0] > 0 and k.shape[0] > 0
 
 
 def _packed(q, k, v, queries, keys, causal, scale, lang):
@@ -82,7 +88,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
                      cu_seqlens_q: Union[Tensor, Sequence[int]],
                      cu_seqlens_k: Union[Tensor, Sequence[int]], *,
                      causal: bool = False, scale: Optional[float] = None,
-                     lang: str = "c") -> Tensor:
+                     lang: str = "c", one_call: bool = False) -> Tensor:
     """softmax(scale q k^T) v within each packed sequence, as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., causal=causal) computes
     it (its max_seqlen arguments are not needed here): q (total_q, heads, d), k and v
@@ -90,8 +96,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     and cu_seqlens_k the batch's cumulative offsets, as many of each (batch + 1), from 0 to
     total_q and total_k. causal: bottom-right within each sequence. Returns (total_q, heads,
     d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's.
-    Without a gradient, one kernel call for the batch; with one, a call a sequence (see the
-    module's docstring)."""
+    one_call: the batch by one kernel call, forward only (see the module's docstring)."""
     op = "moagen.torch.attention_varlen"
     if not isinstance(causal, bool):
         raise ValueError(f"{op}: causal must be True (bottom-right within each sequence, as "
@@ -101,7 +106,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     keys = sequence_bounds(op, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
     check_size(op, "the number of cu_seqlens_k's offsets", len(keys), len(queries))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if _one_call(q, k, v):
+    if _one_call(op, q, k, v, one_call):
         return _packed(q, k, v, queries, keys, causal, scale, lang)
     outs = []
     for (q0, q1), (k0, k1) in zip(zip(queries, queries[1:]), zip(keys, keys[1:])):
