@@ -8,8 +8,11 @@ import pytest
 from moagen import reference, runtime, verify
 from moagen.errors import SpecError
 from moagen.kernels import attention_varlen as varlen
+from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, element, lift, offsets
+from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output, Packed
+from moagen.onf.interpret import evaluate_dnf, run_onf
 from moagen.onf.loops import Loop, walk
 from moagen.pipeline import onf_of
 
@@ -107,3 +110,20 @@ def test_only_integer_arrays_index_and_packed_outputs_name_their_offsets():
                                                 Packed("s", "i", other)),))
     with pytest.raises(SpecError, match="its offsets cu2 are not an input"):
         spec.validate()
+
+
+def test_what_cannot_take_offsets_refuses_them_by_name():
+    """An intermediate whose shape reads the offsets cannot be scratch (sized before the
+    call); moa.grad has no rule for packed outputs; the interpreter evaluates no offsets."""
+    spec = varlen.spec(causal=True)
+    with pytest.raises(SpecError, match=r"cannot materialize probs: its shape .* reads the "
+                                        "values of cu_k, cu_q"):
+        psi_reduce(spec, materialize={"probs"})
+    with pytest.raises(SpecError, match="outputs O, lse are packed"):
+        grad(spec)
+    Q, K, V, cu_q, cu_k = _batch((2,), (3,))
+    arrays = dict(Q=Q, K=K, V=V, cu_q=cu_q, cu_k=cu_k)
+    with pytest.raises(SpecError, match="float inputs only, not cu_q, cu_k"):
+        run_onf(onf_of(KERNEL, "dnf"), arrays, {"scale": 0.5})
+    with pytest.raises(SpecError, match="float inputs only, not cu_q, cu_k"):
+        evaluate_dnf(psi_reduce(spec), arrays, {"scale": 0.5})

@@ -75,6 +75,11 @@ def psi_reduce(spec: KernelSpec, materialize=frozenset()) -> DNF:
                                       stored=o.packed.stored(index, shape)))
         elif body != S.Access(o.name, index):  # else the output was defined where it is Named
             reducer.define(Definition(o.name, index, shape, body, temp=False))
+    for d in reducer.definitions.values():
+        read = {a for n in d.shape for a in E.elements_read(n)}
+        if d.temp and read:  # its scratch could not be sized before the call
+            raise SpecError(f"{spec.name}: cannot materialize {d.target}: its shape "
+                            f"{fmt_shape(d.shape)} reads the values of {', '.join(sorted(read))}")
     return DNF(spec, tuple(reducer.definitions.values()))
 
 
