@@ -37,7 +37,8 @@ def test_offsets_are_int64_inputs_of_every_dtype():
 
 @pytest.mark.parametrize("lang", ["c", "fortran", "cuda-emulated"])
 @pytest.mark.parametrize("change, message", [
-    (lambda cu_q, cu_k: (cu_q.astype(np.float64), cu_k), "'cu_q': expected dtype int64, got float64"),
+    (lambda cu_q, cu_k: (cu_q.astype(np.float64), cu_k),
+     "'cu_q': expected dtype int64, got float64"),
     (lambda cu_q, cu_k: (cu_q.astype(np.int32), cu_k), "'cu_q': expected dtype int64, got int32"),
     (lambda cu_q, cu_k: (cu_q, cu_k[:-1]), r"'cu_k': expected shape \(batch \+ 1,\) = \(4,\)"),
     (lambda cu_q, cu_k: (cu_q + 1, cu_k), "'cu_q': offsets must start at 0, got 1"),

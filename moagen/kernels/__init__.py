@@ -229,7 +229,8 @@ def _variant(name, entry):
 # each kernel module lists its (spec, variants[, validate]) tuples; a composite's variants
 # are None
 MODULES = (attention, attention_bwd, attention_fwdbwd, attention_gqa, attention_cross,
-           attention_varlen, attention_dropout, attention_decode, kv_append, rmsnorm, mlp, projections, block)
+           attention_varlen, attention_dropout, attention_decode, kv_append, rmsnorm, mlp,
+           projections, block)
 KERNELS = {k.name: k for module in MODULES
            for k in (_kernel(module, *entry) for entry in module.KERNELS)}
 

@@ -47,7 +47,8 @@ def bind_on(gpu, library, signature, validate=None):
         arrays = [_on_device(gpu, a, intent) for a, intent in zip(args[:n_arrays], intents)]
         for array in arrays:
             gpu.wait_for(array.stream, stream)
-        check_launch(signature.name, launcher(*(ffi.cast(t, a.ptr) for t, a in zip(pointer_types, arrays)),
+        pointers = (ffi.cast(t, a.ptr) for t, a in zip(pointer_types, arrays))
+        check_launch(signature.name, launcher(*pointers,
                                               *args[n_arrays:], ffi.cast("void *", stream)),
                      lambda: emulation_error(ffi, lib),
                      lambda: ffi.string(lib.moagen_launch_error()).decode(errors="replace"))
