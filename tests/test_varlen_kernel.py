@@ -4,6 +4,7 @@ code; packed outputs; loop bounds read from the offsets. Their agreement with th
 references on odd lengths is test_verify's (C, Fortran) and test_cuda_emulation's."""
 import numpy as np
 import pytest
+import sympy
 
 from moagen import reference, runtime, verify
 from moagen.errors import SpecError
@@ -12,8 +13,13 @@ from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, element, lift, offsets
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output, Packed
+from moagen.kernels import get_kernel
+from moagen.moa import scalar as S
 from moagen.onf.interpret import evaluate_dnf, run_onf
-from moagen.onf.loops import Loop, walk
+from moagen.onf.loops import Loop, stmt_exprs, walk
+from moagen.onf.realize import realize
+from moagen.steps.algebra.maskedkeys import MaskedKeys
+from moagen.steps.step import NotApplicable
 from moagen.pipeline import onf_of
 
 KERNEL = "attention_varlen_fwd_causal"
@@ -54,13 +60,41 @@ def test_bad_offsets_are_refused_before_native_code(lang, change, message):
         fn(Q, K, V, *change(cu_q, cu_k), scale=0.5)
 
 
-def test_every_loop_over_a_sequence_is_bounded_by_its_offsets():
+@pytest.mark.parametrize("kernel, keys", [
+    ("attention_varlen_fwd", "-cu_k(b) + cu_k(b + 1)"),
+    # causal: up to the row's last key seen, i + n_k - n_q (MaskedKeys)
+    (KERNEL, "Min(-cu_k(b) + cu_k(b + 1), "
+             "i - cu_k(b) + cu_k(b + 1) + cu_q(b) - cu_q(b + 1) + 1)")])
+def test_every_loop_over_a_sequence_is_bounded_by_its_offsets(kernel, keys):
     """A sequence's query and key loops run over its own rows: no loop over total_q or
     total_k rows that a mask would discard."""
-    onf = onf_of(KERNEL, "dnf")
-    extents = {str(lp.var): str(lp.stop - lp.start) for n in onf.nests for lp in walk(n.body)
-               if isinstance(lp, Loop) and str(lp.var) in ("i", "j")}
-    assert extents == {"i": "-cu_q(b) + cu_q(b + 1)", "j": "-cu_k(b) + cu_k(b + 1)"}
+    onf = onf_of(kernel, "dnf")
+    extents = {(str(lp.var), str(lp.stop - lp.start)) for n in onf.nests
+               for lp in walk(n.body) if isinstance(lp, Loop) and str(lp.var) in ("i", "j")}
+    assert extents == {("i", "-cu_q(b) + cu_q(b + 1)"), ("j", keys)}
+
+
+def test_masked_keys_cuts_only_what_adds_nothing():
+    """attention_cross's causal row form (its max not floored): the max's pass stops at the
+    row's last key, bit for bit the same ONF results; the sum's exp(-inf - m) would be NaN
+    where m is -inf, so its pass keeps the mask. A nest with no mask: refused."""
+    kernel = get_kernel("attention_cross_fwd_causal")
+    steps = kernel.variant("dnf").steps()
+    before = realize(kernel.dnf("dnf"), "dnf", steps)
+    after = realize(kernel.dnf("dnf"), "dnf", steps[:3] + (MaskedKeys(),) + steps[3:])
+    selects = lambda onf: sum(isinstance(x, S.Select) for n in onf.nests for s in walk(n.body)
+                              for e in stmt_exprs(s) for x in S.subexpressions(e))
+    cut = [lp for n in after.nests for lp in walk(n.body)
+           if isinstance(lp, Loop) and isinstance(lp.stop, sympy.Min)]
+    assert len(cut) == 1 and selects(after) == selects(before) - 1
+    rng = np.random.default_rng(0)
+    arrays = {"Q": rng.standard_normal((1, 1, 2, 5, 3)),
+              **{a: rng.standard_normal((1, 1, 7, 3)) for a in "KV"}}
+    scalars = {"scale": 0.5, "offset": 1}
+    for name, value in run_onf(before, arrays, scalars).items():
+        assert np.array_equal(value, run_onf(after, arrays, scalars)[name])
+    with pytest.raises(NotApplicable, match="no pass over keys a causal mask hides"):
+        realize(psi_reduce(varlen.spec(causal=False)), "dnf", (MaskedKeys(),))
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])

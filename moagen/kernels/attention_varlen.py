@@ -29,6 +29,7 @@ from moagen.moa.expr import (Scalar, array, drop, element, exp, inner, iota, lif
                              maximum, named, offsets, omega, outer, psi, reduce, sym, take,
                              transpose, where)
 from moagen.moa.spec import KernelSpec, Output, Packed
+from moagen.steps.algebra.maskedkeys import MaskedKeys
 from moagen.steps.loop.parallel import Parallel
 
 Q = array("Q", "total_q", "kv_heads", "group", "d")
@@ -95,9 +96,14 @@ def name(causal: bool) -> str:
     return f"attention_varlen_fwd{'_causal' if causal else ''}"
 
 
-# dnf: row by row, a sequence's rows' O and lse in one nest, its heads in parallel
-FORWARD = Layers(algorithm=row_pass(ROWS), mapping=cpu(Parallel(HEADS)))
-KERNELS = [(spec(causal), {"dnf": (frozenset(), FORWARD)}) for causal in (False, True)]
+# dnf: row by row, a sequence's rows' O and lse in one nest, its heads in parallel; causal,
+# each pass over a row's keys stops at its last key seen (MaskedKeys)
+def _forward(causal):
+    cut = (MaskedKeys(),) if causal else ()
+    return Layers(algorithm=row_pass(ROWS) + cut, mapping=cpu(Parallel(HEADS)))
+
+
+KERNELS = [(spec(causal), {"dnf": (frozenset(), _forward(causal))}) for causal in (False, True)]
 
 
 def _sizes(q_lens, k_lens, kv_heads=1, group=1, d=3):

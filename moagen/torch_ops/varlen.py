@@ -15,7 +15,7 @@ moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each
 loops reading their bounds from them; forward only (no varlen backward kernel yet), so the
 inputs must take no gradient. Not the default: that kernel has only its dnf variant (three
 passes over a row's keys, a thread a sequence's head), faster than the per-sequence flash
-kernels only for many short sequences (8 of 16 rows: 0.3-0.6x their time), 4-22x slower
+kernels only for many short sequences (8 of 16 rows: 0.4-0.6x their time), 2.4-6x slower
 for sequences of hundreds of rows (docs/journal/2026-12-07-varlen-kernel.md). Tensors
 PyTorch traces (torch.compile's fake tensors) and an empty batch take the per-sequence
 path: the batch's kernel is called directly, not as an operator, and takes sizes of at
