@@ -24,12 +24,13 @@ import numpy as np
 from moagen import reference
 from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
-from moagen.kernels.layers import Layers, cpu
+from moagen.kernels.layers import Layers
 from moagen.moa.expr import (Scalar, array, drop, element, exp, inner, iota, lift, log,
                              maximum, named, offsets, omega, outer, psi, reduce, sym, take,
                              transpose, where)
 from moagen.moa.spec import KernelSpec, Output, Packed
 from moagen.steps.algebra.maskedkeys import MaskedKeys
+from moagen.steps.loop.gpu_blocks import GpuBlocks
 from moagen.steps.loop.parallel import Parallel
 
 Q = array("Q", "total_q", "kv_heads", "group", "d")
@@ -96,11 +97,19 @@ def name(causal: bool) -> str:
     return f"attention_varlen_fwd{'_causal' if causal else ''}"
 
 
-# dnf: row by row, a sequence's rows' O and lse in one nest, its heads in parallel; causal,
-# each pass over a row's keys stops at its last key seen (MaskedKeys)
+# dnf: row by row, a sequence's rows' O and lse in one nest, its heads in parallel (on a GPU
+# a thread block a sequence's head, its threads sharing the sequence's rows: the rows' loop
+# is no extent of a grid); causal, each pass over a row's keys stops at its last key seen
+# (MaskedKeys)
+ROW_THREADS = 128
+
+
 def _forward(causal):
     cut = (MaskedKeys(),) if causal else ()
-    return Layers(algorithm=row_pass(ROWS) + cut, mapping=cpu(Parallel(HEADS)))
+    return Layers(algorithm=row_pass(ROWS) + cut,
+                  mapping={"cpu": (Parallel(HEADS),),
+                           "cuda": (GpuBlocks(HEADS, nest="rows", block=ROW_THREADS,
+                                              across="i"),)})
 
 
 KERNELS = [(spec(causal), {"dnf": (frozenset(), _forward(causal))}) for causal in (False, True)]
