@@ -9,18 +9,18 @@ import sympy
 from moagen import reference, runtime, verify
 from moagen.errors import SpecError
 from moagen.kernels import attention_varlen as varlen
+from moagen.kernels import get_kernel
+from moagen.moa import scalar as S
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, element, lift, offsets
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output, Packed
-from moagen.kernels import get_kernel
-from moagen.moa import scalar as S
 from moagen.onf.interpret import evaluate_dnf, run_onf
 from moagen.onf.loops import Loop, stmt_exprs, walk
 from moagen.onf.realize import realize
+from moagen.pipeline import onf_of
 from moagen.steps.algebra.maskedkeys import MaskedKeys
 from moagen.steps.step import NotApplicable
-from moagen.pipeline import onf_of
 
 KERNEL = "attention_varlen_fwd_causal"
 
