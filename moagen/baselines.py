@@ -220,3 +220,21 @@ def block_bwd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, at
                                                     Wd)]
     y, _ = _block(*leaves, eps, scale, causal)
     return torch.autograd.grad(y, leaves, dy)
+
+
+def sdpa_varlen(Q, K, V, cu_q, cu_k, scale, causal=False):
+    """O only, a packed batch by one SDPA (enable_gqa) per sequence, causal bottom-right
+    (its boolean mask); Q (total_q, kv_heads, group, d), K, V (total_k, kv_heads, d). A
+    query that sees no key gets zeros: only those that see one are run."""
+    O = torch.zeros_like(Q)
+    group = Q.shape[2]
+    for s in range(len(cu_q) - 1):
+        a, b, c, e = (int(x) for x in (cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]))
+        first = (a + max(b - a - (e - c), 0) if causal else a) if e > c else b
+        if first == b:
+            continue
+        q = Q[first:b].flatten(1, 2).transpose(0, 1)[None]
+        k, v = (t[c:e].transpose(0, 1)[None] for t in (K, V))
+        out = sdpa(q, k, v, scale, causal, True, k.shape[2] - q.shape[2])
+        O[first:b] = out[0].transpose(0, 1).reshape(b - first, -1, group, Q.shape[3])
+    return O

@@ -249,3 +249,54 @@ def kv_append_torch(K, V, k_new, v_new, n):
     for cache, row in zip(caches, (k_new, v_new)):
         cache.index_copy_(2, torch.tensor([n]), torch.from_numpy(row)[:, :, None, :])
     return tuple(c.numpy() for c in caches)
+
+
+# a packed batch (varlen): Q (total_q, kv_heads, group, d), K, V (total_k, kv_heads, d),
+# sequence s the rows cu_q[s]..cu_q[s+1]-1 of Q and cu_k[s]..cu_k[s+1]-1 of K and V; causal
+# bottom-right within a sequence (query i of n_q sees keys j <= i + n_k - n_q); a query that
+# sees no key O = 0, lse = -inf (FlashAttention's varlen)
+def _sequences(cu_q, cu_k, causal):
+    """Each sequence's query rows, key rows, and the first of its queries that sees a key,
+    for the sequences where one does."""
+    for s in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[s], cu_q[s + 1]), slice(cu_k[s], cu_k[s + 1])
+        n_q, n_k = rows.stop - rows.start, keys.stop - keys.start
+        first = (max(n_q - n_k, 0) if causal else 0) if n_k else n_q
+        if first < n_q:
+            yield rows, keys, first
+
+
+def attention_varlen_fwd_numpy(Q, K, V, cu_q, cu_k, scale, causal=False):
+    """Each sequence's softmax by its own scores, written from the math."""
+    O, lse = np.zeros(Q.shape), np.full(Q.shape[:-1], -np.inf)
+    for rows, keys, first in _sequences(cu_q, cu_k, causal):
+        q, k, v = Q[rows][first:], K[keys], V[keys]
+        scores = np.einsum("igrc,jgc->grij", q, k) * scale
+        if causal:  # query first + i at i + first + n_k - n_q = i + (n_k - len(q)) here
+            seen = np.tril(np.ones((len(q), len(k)), dtype=bool), len(k) - len(q))
+            scores = np.where(seen, scores, -np.inf)
+        top = scores.max(axis=-1, keepdims=True)
+        weights = np.exp(scores - top)
+        total = weights.sum(axis=-1, keepdims=True)
+        O[rows][first:] = np.einsum("grij,jgc->igrc", weights / total, v)
+        lse[rows][first:] = (top + np.log(total))[..., 0].transpose(2, 0, 1)
+    return O, lse
+
+
+def attention_varlen_fwd_torch(Q, K, V, cu_q, cu_k, scale, causal=False):
+    """SDPA (enable_gqa) on each sequence's queries that see a key; lse by torch's
+    logsumexp of the same scores."""
+    import torch
+    from moagen.baselines import sdpa
+    O, lse = torch.zeros(Q.shape, dtype=torch.float64), torch.full(Q.shape[:-1], -np.inf,
+                                                                     dtype=torch.float64)
+    for rows, keys, first in _sequences(cu_q, cu_k, causal):
+        q = torch.from_numpy(Q[rows][first:]).flatten(1, 2).transpose(0, 1)[None]
+        k, v = (torch.from_numpy(a[keys]).transpose(0, 1)[None] for a in (K, V))
+        offset = k.shape[2] - q.shape[2]
+        out = sdpa(q, k, v, scale, causal, True, offset)
+        scores = _scores_torch(q, k.repeat_interleave(Q.shape[2], dim=1), scale, causal, offset)
+        O[rows][first:] = out[0].transpose(0, 1).reshape(-1, *Q.shape[1:])
+        lse[rows][first:] = torch.logsumexp(scores, dim=-1)[0].transpose(0, 1).reshape(
+            -1, *Q.shape[1:3])
+    return O.numpy(), lse.numpy()

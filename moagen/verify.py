@@ -49,18 +49,32 @@ class Row:
 
 
 def make_inputs(sig, sizes, scalars, check, rng):
-    """The kernel's inputs at these sizes, in its dtype: random normal, then made
-    consistent by its check (in float64) where inputs depend on each other."""
+    """The kernel's inputs at these sizes: its float ones in its dtype, random normal, then
+    made consistent by its check (in float64) where inputs depend on each other; its
+    integer ones (offsets) as its check's `integers` gives them at these sizes."""
     env = {s: sizes[s.name] for s in sig.sizes if s.name in sizes}  # a chosen one shapes no input
+    floats = [a for a in sig.inputs if not a.element]
     arrays = {a.name: rng.standard_normal(tuple(int(dim.subs(env)) for dim in a.shape))
-              for a in sig.inputs}
+              for a in floats}
     if check.inputs:
         arrays = check.inputs(arrays, scalars)
-    return [np.ascontiguousarray(arrays[a.name], dtype=sig.dtype) for a in sig.inputs]
+    if len(floats) < len(sig.inputs):
+        if check.integers is None:
+            raise ValueError(f"{sig.name}: its integer inputs need its Check's `integers`")
+        arrays.update(check.integers(sizes))
+    return [np.ascontiguousarray(arrays[a.name], dtype=a.dtype(sig.dtype)) for a in sig.inputs]
 
 
 def normwise_error(ours, ref) -> float:
-    return float(np.max(np.abs(ours - ref))) / max(float(np.max(np.abs(ref))), 1.0)
+    """Equal entries agree, infinities too (a varlen row that sees no key: lse -inf); a NaN,
+    or an infinity where the reference has another value, is an infinite error."""
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(np.where(ours == ref, 0.0, ours - ref))
+    if not diff.size:
+        return 0.0
+    finite = np.abs(ref[np.isfinite(ref)])
+    worst = np.inf if np.isnan(diff).any() else float(np.max(diff))
+    return worst / max(float(np.max(finite)) if finite.size else 0.0, 1.0)
 
 
 def call_scalars(kernel, sizes) -> dict:
@@ -88,7 +102,7 @@ def check_case(kernel, variant, lang, dtype, sizes, load, seed=0) -> Row:
     outputs = () if outputs is None else outputs if isinstance(outputs, tuple) else (outputs,)
     # what a kernel updates in place is part of its result
     outputs += tuple(a for a, p in zip(inputs, sig.inputs) if p.intent == "inout")
-    wide = [a.astype(np.float64) for a in inputs]
+    wide = [a if p.element else a.astype(np.float64) for a, p in zip(inputs, sig.inputs)]
     errors = {}
     for name, ref in check.references.items():
         expected = ref(*wide, **scalars)

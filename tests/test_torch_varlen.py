@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import moagen.torch as mt
+from moagen.torch_ops import native, varlen
 
 # (queries, keys) a sequence: one of each, none of either, more queries than keys (causal:
 # the first rows see no key), a block's 64 keys and past it
@@ -66,6 +67,42 @@ def test_packed_sequences_are_sdpas_under_the_block_diagonal_mask(causal, dtype,
     for ours, theirs in zip(torch.autograd.grad(got, (q, k, v), grad_out),
                             torch.autograd.grad(want, (q, k, v), grad_out)):
         _close(ours, theirs, rtol)
+
+
+@pytest.mark.parametrize("causal, dtype, rtol", [(False, torch.float64, 1e-12),
+                                                 (True, torch.float64, 1e-12),
+                                                 (True, torch.float32, 2e-5)])
+def test_one_call_is_one_kernel_call_for_the_batch(monkeypatch, causal, dtype, rtol):
+    """one_call=True under no_grad: attention_varlen_fwd once, the offsets passed to it, the
+    same values as SDPA's over the block-diagonal mask (rows that see no key its zeros)."""
+    calls = []
+
+    def counted(name, *args, **kwargs):
+        calls.append(name)
+        return native.call(name, *args, **kwargs)
+
+    monkeypatch.setattr(varlen, "call", counted)
+    q_lengths, k_lengths = zip(*LENGTHS)
+    q = _randn(sum(q_lengths), 4, 5, dtype=dtype, seed=1)
+    k, v = (_randn(sum(k_lengths), 2, 5, dtype=dtype, seed=s) for s in (2, 3))
+    with torch.no_grad():
+        got = mt.attention_varlen(q, k, v, _offsets(q_lengths), _offsets(k_lengths),
+                                  causal=causal, one_call=True)
+        want = _sdpa_packed(q, k, v, q_lengths, k_lengths, causal)
+    assert calls == ["attention_varlen_fwd" + ("_causal" if causal else "")]
+    _close(got, want, rtol)
+
+
+def test_one_call_refuses_a_gradient():
+    q, k = torch.zeros(5, 2, 3, requires_grad=True), torch.zeros(4, 2, 3)
+    with pytest.raises(ValueError, match="one_call=True is forward only"):
+        mt.attention_varlen(q, k, k, [0, 5], [0, 4], one_call=True)
+
+
+def test_heads_must_be_grouped():
+    q, k = torch.zeros(5, 3, 4), torch.zeros(4, 2, 4)
+    with pytest.raises(ValueError, match="k's 2 heads must divide q's 3"):
+        mt.attention_varlen(q, k, k, [0, 5], [0, 4])
 
 
 def test_a_query_that_sees_no_key_gets_zeros():

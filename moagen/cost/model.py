@@ -13,7 +13,9 @@ from moagen.cost.traffic import Moved, at_least, minimum_traffic, nest_traffic, 
 from moagen.cost.view import counting_view
 from moagen.errors import MoagenError
 from moagen.kernels import get_kernel
+from moagen.moa.expr import elements_read
 from moagen.onf.count import atomic_updates
+from moagen.onf.loops import Loop, walk
 from moagen.onf.signature import check_dtype
 from moagen.steps.algebra.given import with_chosen
 
@@ -23,6 +25,11 @@ CACHE_ASSUMPTION = ("each nest is one pass over main memory, and what a nest reu
 
 class SizeError(MoagenError):
     """A -D size that is unknown, missing, malformed, or that the kernel rejects."""
+
+
+class NotModelled(MoagenError):
+    """A kernel whose counts are no function of its sizes: its loops are bounded by an
+    integer input's values (a packed batch's offsets)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,12 @@ def _predict(kernel, variant, dtype, params) -> Cost:
     kinds = get_kernel(kernel).variant(variant).kinds
     onf = onf_of(kernel, variant, params=params, dtype=dtype,
                  target="cpu" if "cpu" in kinds else kinds[0])
+    bounded_by = sorted({a for n in onf.nests for lp in walk(n.body) if isinstance(lp, Loop)
+                         for a in elements_read(lp.stop - lp.start)})
+    if bounded_by:
+        raise NotModelled(f"{onf.name} {onf.variant}: its loops are bounded by the values of "
+                          f"{', '.join(bounded_by)}, not by its sizes: its counts are no "
+                          "expression in them (not modelled)")
     view = counting_view(onf)
     return Cost(kernel=onf.name, variant=onf.variant, dtype=check_dtype(dtype), sizes=onf.sizes,
                 ops=count_ops(view.nests), traffic=nest_traffic(view.nests),

@@ -15,8 +15,8 @@ from typing import Callable, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import (attention, attention_bwd, attention_cross, attention_decode,
-                            attention_dropout, attention_fwdbwd, attention_gqa, block, kv_append,
-                            mlp, projections, rmsnorm)
+                            attention_dropout, attention_fwdbwd, attention_gqa, attention_varlen,
+                            block, kv_append, mlp, projections, rmsnorm)
 from moagen.kernels.cases import Bench, Check
 from moagen.kernels.compose import Composite
 from moagen.kernels.layers import Layers, cpu
@@ -229,7 +229,8 @@ def _variant(name, entry):
 # each kernel module lists its (spec, variants[, validate]) tuples; a composite's variants
 # are None
 MODULES = (attention, attention_bwd, attention_fwdbwd, attention_gqa, attention_cross,
-           attention_dropout, attention_decode, kv_append, rmsnorm, mlp, projections, block)
+           attention_varlen, attention_dropout, attention_decode, kv_append, rmsnorm, mlp,
+           projections, block)
 KERNELS = {k.name: k for module in MODULES
            for k in (_kernel(module, *entry) for entry in module.KERNELS)}
 

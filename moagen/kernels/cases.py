@@ -19,6 +19,8 @@ class Check:
     # inputs that depend on each other (a backward's O and lse come from its forward);
     # by default every input is random normal
     inputs: Optional[Callable] = None  # f(random inputs as float64 by name, scalars) -> dict
+    # the integer inputs (a packed batch's offsets) at given sizes, by name: f(sizes) -> dict
+    integers: Optional[Callable[[dict], dict]] = None
 
 
 def references(numpy, torch, **keywords) -> Dict[str, Callable]:

@@ -13,7 +13,7 @@ materializes a Named intermediate (the standard attention writes its score matri
 extra definition for it, and the outputs read it like an input.
 """
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import sympy
 
@@ -34,6 +34,16 @@ class Definition:
     shape: E.Shape
     body: S.ScalarExpr
     temp: bool  # a materialized intermediate, not an output
+    # a packed output's (spec.Packed): where target[index] is stored, and the array's shape
+    stored: Optional[Tuple[Tuple[sympy.Expr, ...], E.Shape]] = None
+
+    @property
+    def store_index(self):
+        return self.stored[0] if self.stored else self.index
+
+    @property
+    def array_shape(self):
+        return self.stored[1] if self.stored else self.shape
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,19 @@ def psi_reduce(spec: KernelSpec, materialize=frozenset()) -> DNF:
     for o in spec.outputs:
         index = tuple(E.sym(n) for n in o.index)
         body = reducer.psi(index, o.value, ())
-        if body != S.Access(o.name, index):  # else the output was defined where it is Named
-            reducer.define(Definition(o.name, index, shape_of(o.value), body, temp=False))
+        shape = shape_of(o.value)
+        if o.packed:
+            if o.name in labels:
+                raise SpecError(f"{spec.name}.{o.name}: a packed output cannot be Named")
+            reducer.define(Definition(o.name, index, shape, body, temp=False,
+                                      stored=o.packed.stored(index, shape)))
+        elif body != S.Access(o.name, index):  # else the output was defined where it is Named
+            reducer.define(Definition(o.name, index, shape, body, temp=False))
+    for d in reducer.definitions.values():
+        read = {a for n in d.shape for a in E.elements_read(n)}
+        if d.temp and read:  # its scratch could not be sized before the call
+            raise SpecError(f"{spec.name}: cannot materialize {d.target}: its shape "
+                            f"{fmt_shape(d.shape)} reads the values of {', '.join(sorted(read))}")
     return DNF(spec, tuple(reducer.definitions.values()))
 
 
@@ -308,7 +329,9 @@ def format_dnf(dnf: DNF) -> str:
              "  scalars: " + (", ".join(spec.scalars) or "(none)")]
     for d in dnf.definitions:
         kind = "temporary" if d.temp else "output"
-        head = f"{d.target}[{', '.join(map(str, d.index))}]"
-        lines += ["", f"{kind} {d.target}{fmt_shape(d.shape)}:",
-                  f"  {head} =", "    " + format_scalar(d.body, indent=4)]
+        head = f"{d.target}[{', '.join(map(str, d.store_index))}]"
+        lines += ["", f"{kind} {d.target}{fmt_shape(d.array_shape)}:"]
+        if d.stored:  # a packed output: its loops' extents are not its array's
+            lines.append("  for " + ", ".join(f"{i} < {n}" for i, n in zip(d.index, d.shape)))
+        lines += [f"  {head} =", "    " + format_scalar(d.body, indent=4)]
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from numbers import Real
 from typing import Optional, Tuple
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from moagen.errors import SpecError
 
@@ -128,11 +129,23 @@ def as_expr(value) -> Expr:
     raise SpecError(f"cannot use {value!r} ({type(value).__name__}) in a MoA expression")
 
 
+# the element types an input may have besides the kernel's float type ("": that one)
+ELEMENTS = ("", "int64")
+
+
 @dataclass(frozen=True)
 class Array(Expr):
-    """A named input array."""
+    """A named input array. element: "" (the kernel's float type) or "int64" (integers a
+    kernel reads as indices: a packed batch's offsets). offsets_into: for offsets, the
+    extent of the axis they cut into sequences (its first entry 0, each at least the one
+    before, its last that extent: what the loaders check)."""
     name: str
     shape: Shape
+    element: str = ""
+    offsets_into: Optional[sympy.Expr] = None
+
+    def __post_init__(self):
+        _check_choice("element type", self.element, ELEMENTS)
 
     def __str__(self):
         return self.name
@@ -341,6 +354,26 @@ def _check_choice(what, value, choices):
 
 
 # ---- the DSL: small constructors that read like the math -------------------------------
+
+def offsets(name: str, count, into) -> Array:
+    """int64 offsets cutting an axis of extent `into` into `count` sequences (count + 1
+    entries, as FlashAttention's cu_seqlens): sequence s is rows name[s] .. name[s+1] - 1."""
+    return Array(name, (as_dim(count) + 1,), "int64", as_dim(into))
+
+
+def element(offsets: Array, index) -> sympy.Expr:
+    """An integer array's entry at `index` as an index expression: an application of the
+    undefined function named after the array (cu_q(s)), which the printers print as the
+    array's read."""
+    if offsets.element != "int64":
+        raise SpecError(f"{offsets.name}: only an integer array's entries are indices")
+    return sympy.Function(offsets.name, integer=True)(as_dim(index))
+
+
+def elements_read(e) -> set:
+    """The names of the integer arrays an index expression reads (element's)."""
+    return {f.func.__name__ for f in sympy.sympify(e).atoms(AppliedUndef)}
+
 
 def array(name: str, *shape) -> Array:
     return Array(name, tuple(as_dim(s) for s in shape))

@@ -74,6 +74,10 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
     outputs it reads, the cotangents); those it does not read are left out.
     labels: new names for Named intermediates (probs -> P), as a variant refers to them."""
     spec.validate()
+    packed = [o.name for o in spec.outputs if o.packed]
+    if packed:  # its cotangents and gradients would be packed too: no rule for them yet
+        raise SpecError(f"grad: {spec.name}'s outputs {', '.join(packed)} are packed (varlen); "
+                        "their derivative is not derived yet")
     wrt, cotangents, lift = _checked(spec, wrt, cotangents)
     chosen = R.NAMES if rewrites is None else tuple(rewrites)
     unknown = set(chosen) - set(R.NAMES)

@@ -1,7 +1,7 @@
 """A kernel specification: named inputs, scalar parameters and outputs, each output a MoA
 expression with the names of its index axes (which become loop variables)."""
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import sympy
 
@@ -20,10 +20,33 @@ def sizes_of(arrays) -> Tuple[sympy.Symbol, ...]:
 
 
 @dataclass(frozen=True)
+class Packed:
+    """How an output of a packed batch is stored (moagen.kernels.attention_varlen): its value
+    is lifted over the sequences, index name `var`, and its index name `rows` runs over
+    sequence var's rows, stored at rows `offsets`(var) + rows of the array's first axis
+    (extent offsets.offsets_into); the other axes follow in order, var's left out. The
+    sequence's rows, its extent offsets(var + 1) - offsets(var), bound the loop that
+    stores them: no row of another sequence is visited."""
+    var: str
+    rows: str
+    offsets: E.Array
+
+    def stored(self, index, shape):
+        """The stored index and shape of a value of index names `index` (symbols) and
+        `shape`."""
+        names = [i.name for i in index]
+        s, r = names.index(self.var), names.index(self.rows)
+        rest = [k for k in range(len(index)) if k not in (s, r)]
+        at = (E.element(self.offsets, index[s]) + index[r],) + tuple(index[k] for k in rest)
+        return at, (self.offsets.offsets_into,) + tuple(shape[k] for k in rest)
+
+
+@dataclass(frozen=True)
 class Output:
     name: str
     value: E.Expr
     index: Tuple[str, ...]
+    packed: Optional[Packed] = None  # stored packed (a varlen batch's), else as indexed
 
 
 @dataclass(frozen=True)
@@ -58,7 +81,15 @@ class KernelSpec:
             if len(o.index) != len(shape):
                 raise SpecError(f"{self.name}.{out}: {len(o.index)} index names for an output "
                                 f"of shape {fmt_shape(shape)}")
-            unknown = {s for d in shape for s in d.free_symbols} - sizes
+            # a packed output's sequence index is free in its rows' extents (cu_q(s))
+            bound = sizes | ({E.sym(o.packed.var)} if o.packed else set())
+            if o.packed and not {o.packed.var, o.packed.rows} <= set(o.index):
+                raise SpecError(f"{self.name}.{out}: packed over {o.packed.var} and "
+                                f"{o.packed.rows}, not both of its index names {o.index}")
+            if o.packed and o.packed.offsets not in self.inputs:
+                raise SpecError(f"{self.name}.{out}: its offsets {o.packed.offsets.name} are "
+                                "not an input")
+            unknown = {s for d in shape for s in d.free_symbols} - bound
             if unknown:
                 raise SpecError(f"{self.name}.{out}: output shape {fmt_shape(shape)} uses sizes "
                                 f"{sorted(map(str, unknown))} that no input determines")
@@ -78,8 +109,8 @@ class KernelSpec:
                     used |= node.value.free_symbols
                 if isinstance(node, E.Dropout):
                     used |= node.seed.free_symbols
-                if used - sizes:
+                if used - bound:
                     raise SpecError(f"{self.name}.{out}: {E.describe(node)} uses sizes "
-                                    f"{sorted(map(str, used - sizes))} that no input determines")
+                                    f"{sorted(map(str, used - bound))} that no input determines")
         return self
 

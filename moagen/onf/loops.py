@@ -234,6 +234,8 @@ class LaneReduce(Stmt):
 class Buffer:
     name: str
     shape: Tuple[sympy.Expr, ...]
+    element: str = ""  # an input's element type: "" the kernel's float, "int64" (moa.expr.Array)
+    offsets_into: Optional[sympy.Expr] = None  # offsets: the extent they cut (moa.expr.offsets)
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,16 @@ def initial_onf(dnf: DNF, variant: str, layout: str = "row") -> ONF:
     spec = dnf.spec
     nests = []
     for d in dnf.definitions:
-        body = (Store(d.target, d.index, d.body),)
+        body = (Store(d.target, d.store_index, d.body),)
         for var, extent in reversed(list(zip(d.index, d.shape))):
             body = (Loop(var, sympy.Integer(0), extent, body),)
-        head = f"{d.target}[{', '.join(map(str, d.index))}] = "
+        head = f"{d.target}[{', '.join(map(str, d.store_index))}] = "
         nests.append(Nest(d.target, body, head + format_scalar(d.body, indent=len(head))))
-    buffers = lambda defs: tuple(Buffer(d.target, d.shape) for d in defs)
+    buffers = lambda defs: tuple(Buffer(d.target, d.array_shape) for d in defs)
     order = [o.name for o in spec.outputs]  # the order a call returns them in
     return ONF(spec.name, variant,
-               inputs=tuple(Buffer(a.name, a.shape) for a in spec.inputs),
+               inputs=tuple(Buffer(a.name, a.shape, a.element, a.offsets_into)
+                            for a in spec.inputs),
                outputs=buffers(sorted((d for d in dnf.definitions if not d.temp),
                                       key=lambda d: order.index(d.target))),
                temps=buffers(dnf.temps), sizes=spec.sizes, scalars=spec.scalars,

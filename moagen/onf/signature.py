@@ -3,6 +3,9 @@ raw arrays plus integer sizes plus scalar parameters, in this order:
 
     arrays (inputs, outputs, then scratch), sizes (int64), scalars (the kernel's float type)
 
+Arrays are of the kernel's float type, except an input declared of an integer element type
+(int64 offsets into a packed batch: moagen.moa.expr.offsets).
+
 An input may be updated in place (intent "inout": a KV cache receiving a row).
 
 Kernels return nothing and never allocate: scratch arrays (the full-size temporaries of a
@@ -13,7 +16,7 @@ A Signature is derived from the ONF by the generator; the printers print it, the
 check calls against it.
 """
 from dataclasses import dataclass
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import sympy
 
@@ -37,6 +40,13 @@ class ArrayParam:
     name: str
     shape: Tuple[sympy.Expr, ...]  # symbolic, in terms of the size symbols
     intent: str  # "in", "inout" (an input updated in place), "out" or "scratch"
+    element: str = ""  # "" the signature's float dtype, or "int64" (an input's)
+    # offsets: the extent of the axis they cut into sequences, checked by the loaders
+    offsets_into: Optional[sympy.Expr] = None
+
+    def dtype(self, float_dtype: str) -> str:
+        """The array's numpy dtype in a kernel of float type float_dtype."""
+        return self.element or float_dtype
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,8 @@ class Signature:
 
 def signature(onf, dtype: str) -> Signature:
     """The ABI of one ONF at one dtype: inputs, outputs, scratch; sizes; scalars."""
-    arrays = ([ArrayParam(b.name, b.shape, "inout" if b.name in onf.inout else "in")
-               for b in onf.inputs]
+    arrays = ([ArrayParam(b.name, b.shape, "inout" if b.name in onf.inout else "in",
+                          b.element, b.offsets_into) for b in onf.inputs]
               + [ArrayParam(b.name, b.shape, "out") for b in onf.outputs]
               + [ArrayParam(b.name, b.shape, "scratch") for b in onf.temps])
     limits = {}

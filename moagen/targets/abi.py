@@ -56,6 +56,13 @@ class KernelCallable:
         # kernel's comes from its thread's arena (KEEP_HOST_SCRATCH)
         self._device_scratch = {}
         self._dtype = np.dtype(signature.dtype)
+        # each array's dtype: the kernel's float, or an integer input's own
+        self._dtypes = {a.name: np.dtype(a.dtype(signature.dtype)) for a in signature.arrays}
+        # the offsets among the inputs: (index, param), their values checked on the host
+        self._offsets = tuple((k, p) for k, p in enumerate(signature.inputs)
+                              if p.offsets_into is not None)
+        self._offsets_into = {p.name: sympy.lambdify(signature.sizes, p.offsets_into)
+                              for _, p in self._offsets}
         self._largest = float(np.finfo(self._dtype).max)  # a Python float: compares without a cast
         self._shape_of = {a.name: sympy.lambdify(signature.sizes, sympy.Tuple(*a.shape),
                                                  [INDEX_NAMESPACE, "math"])
@@ -64,11 +71,18 @@ class KernelCallable:
         # (name, (input's index, axis)); a size that is no input dimension on its own (a KV
         # cache's valid length) is an argument, (name, None). Kept by name: _sizes walks
         # this on every call, and a sympy symbol's hash is Python code.
+        # A size no dimension is exactly is read off one that is the size plus a number
+        # (offsets' batch + 1), as (name, (input's index, axis, that number)).
         source = {}
         for index, param in enumerate(signature.inputs):
             for axis, dim in enumerate(param.shape):
                 if dim in signature.sizes:
-                    source.setdefault(dim, (index, axis))
+                    source.setdefault(dim, (index, axis, 0))
+        for index, param in enumerate(signature.inputs):
+            for axis, dim in enumerate(param.shape):
+                size, shift = sympy.sympify(dim).as_coeff_Add()[::-1]
+                if size in signature.sizes and shift.is_Integer:
+                    source.setdefault(size, (index, axis, int(shift)))
         self._size_sources = tuple((s.name, source.get(s)) for s in signature.sizes)
         self._given = tuple(name for name, at in self._size_sources if at is None)
         # the given sizes chosen where the call gives none (a schedule's, GivenSize): by
@@ -87,6 +101,8 @@ class KernelCallable:
         # What every call walks, computed once: a call's checks cost more than a small
         # kernel's work, and a model makes many small calls.
         self._inputs = signature.inputs
+        # each input's element type: "" the kernel's float, "int64" (offsets)
+        self.input_elements = tuple(p.element for p in self._inputs)
         self._outputs = signature.outputs
         self._scratch_params = signature.scratch
         self._argument = {a.name: f"argument {a.name!r}" for a in self._inputs}
@@ -125,6 +141,9 @@ class KernelCallable:
         if on_device:
             for param, array in zip(self._inputs, inputs):
                 self._check_memory(argument[param.name], array)
+        else:  # a device array's offsets stay unread: reading them would wait for the device
+            for k, param in self._offsets:
+                self._check_offsets(argument[param.name], param, inputs[k], sizes)
         scalars = self._scalars(args[n_inputs:n_inputs + n_scalars], sizes)
         outputs = self._outputs_for(out, sizes, shapes, inputs, on_device)
         # the full-size temporaries of a variant that materializes them: allocated here, so
@@ -293,15 +312,16 @@ class KernelCallable:
     def _check_array(self, what, param, array):
         """Rank, dtype, layout: what makes the raw pointer mean what the kernel thinks."""
         flags = array.flags
-        if (array.ndim == len(param.shape) and array.dtype == self._dtype
+        dtype = self._dtypes[param.name]
+        if (array.ndim == len(param.shape) and array.dtype == dtype
                 and getattr(flags, self._contiguous) and flags.aligned):
             return
         where = f"{self.signature.name}: {what}"
         if array.ndim != len(param.shape):
             raise ValueError(f"{where}: expected {len(param.shape)} dimensions "
                              f"{_symbolic(param.shape)}, got shape {array.shape}")
-        if array.dtype != self._dtype:
-            raise ValueError(f"{where}: expected dtype {self._dtype}, got {array.dtype} (no implicit casting)")
+        if array.dtype != dtype:
+            raise ValueError(f"{where}: expected dtype {dtype}, got {array.dtype} (no implicit casting)")
         if self.signature.layout == "row" and not flags.c_contiguous:
             raise ValueError(f"{where}: expected a C-contiguous array (row layout), got strides "
                              f"{array.strides}; pass np.ascontiguousarray(...)")
@@ -355,10 +375,11 @@ class KernelCallable:
                 # a chosen size after the others (its choice reads them); its place kept
                 sizes[name] = None if name in self._chosen else self._given_size(name, given[name])
                 continue
-            value = input_shapes[source[0]][source[1]]
+            value = input_shapes[source[0]][source[1]] - source[2]
             if value < 1:
                 raise ValueError(f"{self.signature.name}: size {name} must be >= 1, got {value} "
-                                 f"(axis {source[1]} of argument {self._inputs[source[0]].name!r})")
+                                 f"(axis {source[1]} of argument {self._inputs[source[0]].name!r}"
+                                 f"{f' less {source[2]}' if source[2] else ''})")
             sizes[name] = value
         if self._chosen:  # as given, at least 1, or chosen for the device it runs on
             known = {k: v for k, v in sizes.items() if v is not None}
@@ -441,13 +462,29 @@ class KernelCallable:
     def _check_apart(self, inputs):
         """call_at's twin of _check_writable's aliasing test, on (address, shape) pairs of
         checked shapes: an inout argument's bytes overlap no other argument's."""
-        itemsize = self._dtype.itemsize
-        spans = [(address, address + math.prod(shape) * itemsize) for address, shape in inputs]
+        spans = [(address, address + math.prod(shape) * self._dtypes[p.name].itemsize)
+                 for (address, shape), p in zip(inputs, self._inputs)]
         for k, others in self._written_against:
             start, stop = spans[k]
             if any(start < spans[j][1] and spans[j][0] < stop for j in others):
                 raise ValueError(f"{self.signature.name}: {self._argument[self._inputs[k].name]} "
                                  "shares memory with another argument")
+
+    def _check_offsets(self, what, param, offsets, sizes):
+        """Offsets cutting an axis into sequences: from 0, never decreasing, to the axis's
+        extent; else the kernel's loops would read and write past its arrays."""
+        into = int(self._offsets_into[param.name](*sizes.values()))
+        where = f"{self.signature.name}: {what}"
+        if offsets[0] != 0:
+            raise ValueError(f"{where}: offsets must start at 0, got {offsets[0]}")
+        steps = np.diff(offsets)
+        if (steps < 0).any():
+            s = int(np.argmax(steps < 0))
+            raise ValueError(f"{where}: offsets must not decrease, got {offsets[s]} then "
+                             f"{offsets[s + 1]} at entries {s} and {s + 1}")
+        if offsets[-1] != into:
+            raise ValueError(f"{where}: offsets must end at {param.offsets_into} = {into}, the "
+                             f"rows they cut, got {offsets[-1]}")
 
     def _check_memory(self, what, array):
         """A device array's bytes, as its checked shape and dtype count them, must be the

@@ -7,7 +7,7 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.moa.dnf import PRECEDENCE
-from moagen.moa.expr import idiv
+from moagen.moa.expr import elements_read, idiv
 from moagen.onf.loops import Let, Loop, ONF, Store, Update, parallel_chain, stmt_exprs, walk
 from moagen.onf.names import Names, kernel_names
 from moagen.onf.signature import signature
@@ -390,9 +390,13 @@ def names_used(stmts) -> set:
     for s in walk(stmts):
         bounds = (s.start, s.stop) if isinstance(s, Loop) else getattr(s, "index", ())
         names |= {x.name for e in bounds for x in sympy.sympify(e).free_symbols}
+        indices = list(bounds)
         for x in stmt_exprs(s):
             names |= S.free_names(x) | {e.name for e in S.subexpressions(x)
                                         if isinstance(e, S.Param)}
+            indices += [i for e in S.subexpressions(x) for i in S.index_exprs(e)]
+        # the integer arrays (offsets) the index expressions read
+        names |= {a for e in indices for a in elements_read(e)}
     return names
 
 

@@ -28,6 +28,8 @@ import moagen
 
 LANGS = ("c", "fortran")  # the CPU kernels' languages
 DTYPES = {torch.float64: "float64", torch.float32: "float32"}
+# the torch dtype of an integer input's element type (moagen.moa.expr.ELEMENTS)
+ELEMENTS = {"int64": torch.int64}
 
 
 def check_lang(op, lang):
@@ -163,8 +165,10 @@ def call(name, variant, lang, *arrays, params=(), out_shapes=None, **scalars):
     held = [(t.contiguous(), shape) for t, shape in seen]
     if fn.takes_addresses:
         allocate = _ALLOCATE[dtype] if out_shapes is None else _allocator(dtype, out_shapes)
-        return fn.call_at([(_address(name, t, dtype), shape) for t, shape in held], allocate,
-                          **scalars)
+        # an integer input (offsets) of its own dtype, the others of the kernel's
+        return fn.call_at([(_address(name, t, ELEMENTS[e] if e else dtype), shape)
+                           for (t, shape), e in zip(held, fn.input_elements)],
+                          allocate, **scalars)
     result = fn(*(t.detach().numpy().reshape(shape) for t, shape in held), **scalars)
     if result is None:
         return None

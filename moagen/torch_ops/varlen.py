@@ -10,9 +10,16 @@ are never visited. Causal is bottom-right within each sequence, as FlashAttentio
 of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that sees no key
 (a sequence with more queries than keys, or with no key) gets zeros and no gradient.
 
-Not one kernel launch for the batch: the kernels take sizes, not integer arrays, so the
-offsets cannot reach them; each sequence is a call of its own, its rows copied to the
-kernels' (1, heads, n, d) layout and its output copied back."""
+one_call=True: the batch is one call of attention_varlen_fwd (`_causal`;
+moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each sequence's
+loops reading their bounds from them; forward only (no varlen backward kernel yet), so the
+inputs must take no gradient. Not the default: that kernel has only its dnf variant (three
+passes over a row's keys, a thread a sequence's head), faster than the per-sequence flash
+kernels only for many short sequences (8 of 16 rows: 0.4-0.6x their time), 2.4-6x slower
+for sequences of hundreds of rows (docs/journal/2026-12-07-varlen-kernel.md). Tensors
+PyTorch traces (torch.compile's fake tensors) and an empty batch take the per-sequence
+path: the batch's kernel is called directly, not as an operator, and takes sizes of at
+least 1."""
 import math
 from typing import Optional, Sequence, Union
 
@@ -20,8 +27,8 @@ import torch
 from torch import Tensor
 
 from moagen.torch_ops.attention import attention
-from moagen.torch_ops.native import (check_dims, check_lang, check_size, check_tensors,
-                                     int_list)
+from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
+                                     check_tensors, int_list)
 
 SHAPE = "(total, heads, d)"
 
@@ -45,6 +52,32 @@ def _check(op, q, k, v, lang):
         check_dims(op, name, t, 3, SHAPE)
     check_size(op, "k's shape", tuple(k.shape), tuple(v.shape))
     check_size(op, "k's head size", k.shape[2], q.shape[2])
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"{op}: k's {k.shape[1]} heads must divide q's {q.shape[1]} "
+                         "(grouped-query attention)")
+
+
+def _one_call(op, q, k, v, one_call):
+    """Whether the batch is one call of the varlen kernel: asked for, plain tensors with
+    rows to attend; refused where a gradient is to be taken."""
+    if not one_call:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ValueError(f"{op}: one_call=True is forward only (no varlen backward kernel); "
+                         "call it under torch.no_grad() or on inputs that take no gradient")
+    plain = all(type(t) is Tensor for t in (q, k, v))
+    return plain and q.shape[0] > 0 and k.shape[0] > 0
+
+
+def _packed(q, k, v, queries, keys, causal, scale, lang):
+    """O by one call of attention_varlen_fwd (`_causal`), q seen as (total_q, kv_heads,
+    group, d), the offsets as int64 tensors on q's device."""
+    kv_heads = k.shape[1]
+    offsets = [torch.tensor(b, dtype=torch.int64, device=q.device) for b in (queries, keys)]
+    out, _ = call(causal_name("attention_varlen_fwd", causal), "dnf", lang,
+                  (q, (q.shape[0], kv_heads, q.shape[1] // kv_heads, q.shape[2])), k, v,
+                  *offsets, scale=scale, out_shapes=(q.shape, None))
+    return out
 
 
 def _one_sequence(t: Tensor) -> Tensor:
@@ -56,14 +89,15 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
                      cu_seqlens_q: Union[Tensor, Sequence[int]],
                      cu_seqlens_k: Union[Tensor, Sequence[int]], *,
                      causal: bool = False, scale: Optional[float] = None,
-                     lang: str = "c") -> Tensor:
+                     lang: str = "c", one_call: bool = False) -> Tensor:
     """softmax(scale q k^T) v within each packed sequence, as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., causal=causal) computes
     it (its max_seqlen arguments are not needed here): q (total_q, heads, d), k and v
     (total_k, kv_heads, d), kv_heads dividing heads (grouped-query attention); cu_seqlens_q
     and cu_seqlens_k the batch's cumulative offsets, as many of each (batch + 1), from 0 to
     total_q and total_k. causal: bottom-right within each sequence. Returns (total_q, heads,
-    d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's."""
+    d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's.
+    one_call: the batch by one kernel call, forward only (see the module's docstring)."""
     op = "moagen.torch.attention_varlen"
     if not isinstance(causal, bool):
         raise ValueError(f"{op}: causal must be True (bottom-right within each sequence, as "
@@ -73,6 +107,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     keys = sequence_bounds(op, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
     check_size(op, "the number of cu_seqlens_k's offsets", len(keys), len(queries))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if _one_call(op, q, k, v, one_call):
+        return _packed(q, k, v, queries, keys, causal, scale, lang)
     outs = []
     for (q0, q1), (k0, k1) in zip(zip(queries, queries[1:]), zip(keys, keys[1:])):
         out = attention(*(_one_sequence(t[start:stop]) for t, start, stop in

@@ -5,14 +5,20 @@ import cffi
 
 from moagen.targets.abi import KernelCallable, flat_view
 
-CTYPES = {"float64": "double", "float32": "float"}
+CTYPES = {"float64": "double", "float32": "float", "int64": "int64_t"}
+
+
+def element_types(signature):
+    """Each array's C element type: the kernel's float, or an integer input's own."""
+    return [CTYPES[a.dtype(signature.dtype)] for a in signature.arrays]
 
 
 def declaration(signature, result="void", trailing=()):
     """The cdef of a kernel's exported function (cffi's parser takes no `restrict`);
     trailing: the types of parameters after the signature's (a CUDA launcher's stream)."""
     ctype = CTYPES[signature.dtype]
-    params = [f"const {ctype} *" if a.intent == "in" else f"{ctype} *" for a in signature.arrays]
+    params = [f"const {element} *" if a.intent == "in" else f"{element} *"
+              for a, element in zip(signature.arrays, element_types(signature))]
     params += ["int64_t"] * len(signature.sizes) + [ctype] * len(signature.scalars)
     params += trailing
     return f"{result} {signature.name}({', '.join(params)});"
@@ -42,7 +48,8 @@ def host_calls(library, signature):
     ffi = cffi.FFI()
     ffi.cdef(declaration(signature))
     function = getattr(dlopen(ffi, library), signature.name)
-    buffer_type = ffi.typeof(CTYPES[signature.dtype] + "[]")
+    elements = element_types(signature)
+    buffer_types = [ffi.typeof(element + "[]") for element in elements]
     n_arrays = len(signature.arrays)
     writable = [a.intent != "in" for a in signature.arrays]
     # a row-layout call's arrays are C-contiguous (KernelCallable checked), which the buffer
@@ -50,13 +57,14 @@ def host_calls(library, signature):
     as_buffer = flat_view if signature.layout == "col" else None
 
     def native_call(*args):
-        arrays = [ffi.from_buffer(buffer_type, as_buffer(a) if as_buffer else a, w)
-                  for w, a in zip(writable, args[:n_arrays])]
+        arrays = [ffi.from_buffer(t, as_buffer(a) if as_buffer else a, w)
+                  for t, w, a in zip(buffer_types, writable, args[:n_arrays])]
         return function(*arrays, *args[n_arrays:])
 
-    pointer_type = ffi.typeof(CTYPES[signature.dtype] + " *")
+    pointer_types = [ffi.typeof(element + " *") for element in elements]
 
     def address_call(*args):
-        return function(*(ffi.cast(pointer_type, a) for a in args[:n_arrays]), *args[n_arrays:])
+        return function(*(ffi.cast(t, a) for t, a in zip(pointer_types, args[:n_arrays])),
+                        *args[n_arrays:])
 
     return native_call, address_call

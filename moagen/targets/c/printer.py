@@ -1,6 +1,7 @@
 """C99 + OpenMP backend."""
 import math
 
+from sympy.core.function import AppliedUndef
 from sympy.printing.c import C99CodePrinter
 
 from moagen.targets.printer import EXP_FLOOR, Printer, dnf_comment, omp_schedule
@@ -34,6 +35,16 @@ class IndexPrinter(C99CodePrinter):
         divisor = b if expr.args[1].is_Atom else f"({b})"
         return f"(({a}) / {divisor})"  # whole, so that s*idiv(..) stays s*(..)
 
+    def _print_Function(self, expr):
+        """An integer input's entry (moagen.moa.expr.element: cu_q(s)) read as cu_q[s]."""
+        if isinstance(expr, AppliedUndef):
+            return f"{expr.func.__name__}[{self._print(expr.args[0])}]"
+        return super()._print_Function(expr)
+
+
+# an integer input's element type in C (moagen.moa.expr.ELEMENTS)
+C_ELEMENT = {"int64": "int64_t"}
+
 
 class CPrinter(Printer):
     index_printer = IndexPrinter()
@@ -54,7 +65,8 @@ class CPrinter(Printer):
         out = []
         for a in self.sig.arrays:
             const = "const " if a.intent == "in" else ""
-            out.append(f"{const}{self.real} *{self.restrict} {a.name}")
+            element = C_ELEMENT[a.element] if a.element else self.real
+            out.append(f"{const}{element} *{self.restrict} {a.name}")
         out += [f"int64_t {s}" for s in self.sig.sizes]
         out += [f"{self.real} {s}" for s in self.sig.scalars]
         return out

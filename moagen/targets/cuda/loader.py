@@ -15,7 +15,7 @@ import cffi
 
 from moagen.errors import DeviceUnavailable, EmulationCheckError, SharedMemoryLimit
 from moagen.targets.abi import KernelCallable, flat_view
-from moagen.targets.c.loader import CTYPES, declaration, dlopen
+from moagen.targets.c.loader import declaration, dlopen, element_types
 from moagen.targets.cuda.arrays import DeviceArray, DeviceView, to_device
 from moagen.targets.cuda.driver import device
 
@@ -38,7 +38,7 @@ def bind_on(gpu, library, signature, validate=None):
     ffi.cdef(LAUNCH_ERROR)
     lib = dlopen(ffi, library)
     launcher = getattr(lib, signature.name)
-    pointer_type = CTYPES[signature.dtype] + " *"
+    pointer_types = [element + " *" for element in element_types(signature)]
     n_arrays = len(signature.arrays)
     intents = [a.intent for a in signature.arrays]
 
@@ -47,7 +47,8 @@ def bind_on(gpu, library, signature, validate=None):
         arrays = [_on_device(gpu, a, intent) for a, intent in zip(args[:n_arrays], intents)]
         for array in arrays:
             gpu.wait_for(array.stream, stream)
-        check_launch(signature.name, launcher(*(ffi.cast(pointer_type, a.ptr) for a in arrays),
+        pointers = (ffi.cast(t, a.ptr) for t, a in zip(pointer_types, arrays))
+        check_launch(signature.name, launcher(*pointers,
                                               *args[n_arrays:], ffi.cast("void *", stream)),
                      lambda: emulation_error(ffi, lib),
                      lambda: ffi.string(lib.moagen_launch_error()).decode(errors="replace"))

@@ -3,6 +3,7 @@
 as in C and the f90wrap binding sees plain 1-D arrays."""
 import math
 
+from sympy.core.function import AppliedUndef
 from sympy.printing.fortran import FCodePrinter
 
 from moagen.targets.printer import Printer, dnf_comment, omp_schedule
@@ -23,6 +24,17 @@ class IndexPrinter(FCodePrinter):
         a, b = (self._print(x) for x in expr.args)
         divisor = b if expr.args[1].is_Atom else f"({b})"
         return f"(({a}) / {divisor})"  # whole, so that s*idiv(..) stays s*(..)
+
+    def _print_Function(self, expr):
+        """An integer input's entry (moagen.moa.expr.element: cu_q(s)), the array's read:
+        its arrays are declared from 0 as C's."""
+        if isinstance(expr, AppliedUndef):
+            return f"{expr.func.__name__}({self._print(expr.args[0])})"
+        return super()._print_Function(expr)
+
+
+# an integer input's element type in Fortran (moagen.moa.expr.ELEMENTS)
+FORTRAN_ELEMENT = {"int64": "integer(c_int64_t)"}
 
 
 class FortranPrinter(Printer):
@@ -52,7 +64,8 @@ class FortranPrinter(Printer):
         for a in sig.arrays:
             intent = {"in": "in", "inout": "inout"}.get(a.intent, "out")
             size = " * ".join(self.index(d) for d in a.shape)
-            arrays.append(f"{self.real}, intent({intent}) :: {a.name}(0:{size} - 1)")
+            element = FORTRAN_ELEMENT[a.element] if a.element else self.real
+            arrays.append(f"{element}, intent({intent}) :: {a.name}(0:{size} - 1)")
         stmts = [s for n in self.onf.nests for s in n.body]
         loop_vars = (self.loop_vars_in(stmts) + self.quotients_in(stmts)
                      + self.offsets_in(stmts))

@@ -1,0 +1,152 @@
+"""Attention over a packed batch of sequences of different lengths (FlashAttention's varlen
+form, #54 item 1): the queries of every sequence in one array Q (total_q, kv_heads, group,
+d), their keys and values in K, V (total_k, kv_heads, d), and the int64 offsets cu_q, cu_k
+(batch + 1 entries, as cu_seqlens): sequence b is query rows cu_q[b] .. cu_q[b+1] - 1 and
+key rows cu_k[b] .. cu_k[b+1] - 1. O (total_q, kv_heads, group, d) and lse (total_q,
+kv_heads, group) are stored packed as Q. Grouped-query heads as attention_gqa (a query
+head of kv head g, index r in its group; MHA is a group of one): the caller's (total_q,
+heads, d) is Q with heads = kv_heads * group split, no copy.
+
+Each sequence is attention_cross's head written over the sequence's rows: the offsets'
+entries are index expressions (moagen.moa.expr.element: cu_q(b)), so that a sequence's
+query and key loops run over its own rows, their bounds read from the offsets, and no
+other sequence's key is visited (moagen.moa.spec.Packed stores its rows).
+
+Causal (`_causal`): bottom-right within each sequence, as FlashAttention's varlen: query i
+of a sequence of n_q queries and n_k keys sees keys j <= i + n_k - n_q. A query that sees
+no key (i < n_q - n_k causal; any query of a sequence with no keys) gets O = 0 and lse =
+-inf, as FlashAttention gives them; a sequence of no queries writes nothing.
+
+Only the dnf variant (row by row): the others' steps (tiling, blocks of keys) take loops of
+sizes, not of extents read from an array."""
+import numpy as np
+
+from moagen import reference
+from moagen.kernels.attention import row_pass, softmax_scale
+from moagen.kernels.cases import Bench, Check, references
+from moagen.kernels.layers import Layers
+from moagen.moa.expr import (Scalar, array, drop, element, exp, inner, iota, lift, log,
+                             maximum, named, offsets, omega, outer, psi, reduce, sym, take,
+                             transpose, where)
+from moagen.moa.spec import KernelSpec, Output, Packed
+from moagen.steps.algebra.maskedkeys import MaskedKeys
+from moagen.steps.loop.gpu_blocks import GpuBlocks
+from moagen.steps.loop.parallel import Parallel
+
+Q = array("Q", "total_q", "kv_heads", "group", "d")
+K = array("K", "total_k", "kv_heads", "d")
+V = array("V", "total_k", "kv_heads", "d")
+CU_Q = offsets("cu_q", "batch", "total_q")
+CU_K = offsets("cu_k", "batch", "total_k")
+# the loops: a sequence's heads, then its query rows (their extent the sequence's, read from
+# cu_q: only the loops outside it run in parallel, a collapsed nest being rectangular)
+SEQUENCE = "b"  # the index of a sequence of the batch
+HEADS = (SEQUENCE, "g", "r")
+ROWS = HEADS + ("i",)
+
+
+def _rows(array_, offsets_, head):
+    """Sequence b's rows of one head of a packed array: `head` its index after the rows."""
+    first = element(offsets_, SEQUENCE)
+    heads = transpose(array_, tuple(range(1, len(array_.shape) - 1)) + (0, len(array_.shape) - 1))
+    return take(_extent(offsets_), drop(first, psi(head, heads)))
+
+
+def _extent(offsets_):
+    """Sequence b's rows: offsets(b + 1) - offsets(b)."""
+    return element(offsets_, sym(SEQUENCE) + 1) - element(offsets_, SEQUENCE)
+
+
+def _seen_mask(n_q, n_k):
+    """Bottom-right causal: key j past query i's position i + n_k - n_q gets -inf."""
+    positions = drop(n_k - n_q, iota(n_k))
+    return lambda scores: where(outer(">=", positions, iota(n_k)), scores, float("-inf"))
+
+
+# the least row max: a row that sees no key (every score -inf) has weights exp(-inf + 1e30)
+# = 0, not exp(-inf + inf) = NaN; a row that sees one has a larger max (its scores finite)
+LOWEST = -1e30
+
+
+def _head(q, k, v, mask):
+    """attention's one head (moagen.kernels.attention.one_head), a row that sees no key
+    given O = 0 (its sum 0, divided by 1) and lse = -inf (log 0): a row that sees a key has
+    a sum of at least 1 (its max's term), which the division's max(sum, 1) leaves."""
+    scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
+    scores = named("scores", mask(scores) if mask else scores, index=("i", "j"))
+    row_max = maximum(reduce("max", scores, axis=1, var="j", name="row_max"), LOWEST)
+    weights = exp(omega("-", scores, row_max))
+    row_sum = reduce("+", weights, axis=1, var="j", name="row_sum")
+    probs = named("probs", omega("/", weights, maximum(row_sum, 1.0)), index=("i", "j"))
+    return inner(probs, v, var="j", name="acc"), row_max + log(row_sum)
+
+
+def spec(causal: bool) -> KernelSpec:
+    n_q, n_k = _extent(CU_Q), _extent(CU_K)
+    o, lse = _head(_rows(Q, CU_Q, ("g", "r")), _rows(K, CU_K, ("g",)), _rows(V, CU_K, ("g",)),
+                   _seen_mask(n_q, n_k) if causal else None)
+    extents = ("batch", "kv_heads", "group")
+    packed = Packed(SEQUENCE, "i", CU_Q)
+    return KernelSpec(
+        name=name(causal), inputs=(Q, K, V, CU_Q, CU_K), scalars=("scale",),
+        outputs=(Output("O", lift(HEADS, extents, o), ROWS + ("c",), packed),
+                 Output("lse", lift(HEADS, extents, lse), ROWS, packed)))
+
+
+def name(causal: bool) -> str:
+    return f"attention_varlen_fwd{'_causal' if causal else ''}"
+
+
+# dnf: row by row, a sequence's rows' O and lse in one nest, its heads in parallel (on a GPU
+# a thread block a sequence's head, its threads sharing the sequence's rows: the rows' loop
+# is no extent of a grid); causal, each pass over a row's keys stops at its last key seen
+# (MaskedKeys)
+ROW_THREADS = 128
+
+
+def _forward(causal):
+    cut = (MaskedKeys(),) if causal else ()
+    return Layers(algorithm=row_pass(ROWS) + cut,
+                  mapping={"cpu": (Parallel(HEADS),),
+                           "cuda": (GpuBlocks(HEADS, nest="rows", block=ROW_THREADS,
+                                              across="i"),)})
+
+
+KERNELS = [(spec(causal), {"dnf": (frozenset(), _forward(causal))}) for causal in (False, True)]
+
+
+def _sizes(q_lens, k_lens, kv_heads=1, group=1, d=3):
+    """A packed batch of sequences of these query and key lengths."""
+    return dict(batch=len(q_lens), total_q=sum(q_lens), total_k=sum(k_lens), kv_heads=kv_heads,
+                group=group, d=d, q_lens=tuple(q_lens), k_lens=tuple(k_lens))
+
+
+def packed_offsets(sizes):
+    """cu_q and cu_k of the sizes' sequence lengths (Check.integers)."""
+    return {name: np.concatenate(([0], np.cumsum(sizes[lens]))).astype(np.int64)
+            for name, lens in (("cu_q", "q_lens"), ("cu_k", "k_lens"))}
+
+
+# What verification runs these kernels on: lengths 1, 7, 257 and 0 mixed, n_q != n_k (more
+# queries than keys: causal's first queries see none), empty sequences of queries, of keys,
+# of both; grouped heads (3 over 2 KV heads, d 5). The second has a key for every query:
+# the bench's baseline test compares there (-inf lse rows would make its norms NaN)
+CHECK_SIZES = (_sizes((1, 7, 257, 0), (7, 1, 257, 0)),
+               _sizes((7, 1, 5), (11, 1, 7), kv_heads=2, group=3, d=5),
+               _sizes((0, 7, 1, 257), (1, 0, 7, 7)),
+               _sizes((257, 0, 7), (1, 257, 7), kv_heads=2, group=3, d=5),
+               _sizes((1,), (1,)))
+# the bench: 4 sequences of n / 4 queries against n / 4 to n keys, 8 query heads over 2 KV
+# heads of 64
+BENCH_SIZES = Bench(lambda n: dict(_sizes([n // 4] * 4, [n // 4, n // 2, 3 * n // 4, n],
+                                          kv_heads=2, group=4, d=64), n=n),
+                    quick=(512,), full=(1024, 4096))
+CHECKS, BENCH = {}, {}
+for causal in (False, True):
+    CHECKS[name(causal)] = Check(references(reference.attention_varlen_fwd_numpy,
+                                            reference.attention_varlen_fwd_torch, causal=causal),
+                                 CHECK_SIZES, softmax_scale, integers=packed_offsets)
+    BENCH[name(causal)] = BENCH_SIZES.measured_against(
+        "sdpa_varlen", "O by one F.scaled_dot_product_attention(enable_gqa=True) per sequence, "
+                       "causal bottom-right by its boolean mask; no lse", outputs=(0,),
+        causal=causal)
