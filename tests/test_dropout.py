@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import sympy
 
+from moagen.bench import calls
 from moagen.errors import ScheduleError, ShapeError, SpecError
 from moagen.kernels import attention_dropout
 from moagen.moa import scalar as S
@@ -268,6 +269,17 @@ def test_the_flash_backwards_key_tiles_are_groups_a_run_each(kernel, dtype):
     assert {group for group, _ in draws} == {sym("j_in_tile")}
     edge = [n for n in onf.nests if n.label != "keys" and _draws(n.body)]
     assert edge and all(not d.draw()[1].is_Integer for n in edge for d in _draws(n.body))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_flash_backward_keeps_its_portable_tiles_on_avx512(monkeypatch, dtype):
+    """Where the compiler targets AVX-512 the plain backward's tiles are twice as wide; the
+    dropout backward's stay 8 rows by 8 (float64) or 16 (float32) columns."""
+    monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: True)
+    schedule = lambda kernel: calls.schedule(kernel, "flash", "c", dtype)["params"]
+    assert schedule("attention_dropout_bwd") == {
+        "rows": 8, "keys": 1, "parts": 1, "lanes": {"float64": 8, "float32": 16}[dtype]}
+    assert schedule("attention_gqa_bwd")["lanes"] == {"float64": 16, "float32": 32}[dtype]
 
 
 def test_unroll_draws_refuses_key_tiles_that_are_not_groups():

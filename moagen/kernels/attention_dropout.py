@@ -79,15 +79,18 @@ KEY_TILES = tiled(loop_role("j", "in"), KEYS_PER_RUN)
 
 def backward_variant(causal):
     """attention_bwd's flash over these loops. On a CPU (parts 1: the key rows' pass adds dQ
-    too) its tiles are 8 key rows of one part, a group of keys each (UnrollDraws); the GPU
-    schedule OpenACC takes (parts 0, 4 rows) draws a key at a time, as CUDA's."""
+    too) its tiles are 8 key rows of one part, a group of keys each (UnrollDraws), by 8
+    (float64) or 16 (float32) columns on AVX-512 too: with the draws beside them the
+    owner's AVX-512 tiles, twice as wide, ran 1.16-1.39x the plain backward where these ran
+    1.02-1.14x (docs/journal/2026-12-07-dropout-speed.md). The GPU schedule OpenACC takes
+    (parts 0, 4 rows) draws a key at a time, as CUDA's."""
     variant = attention_bwd.flash_variant(causal, loops=LOOPS, scratch=BACKWARD_SCRATCH)
 
     def build(**params):
         then = (UnrollDraws(KEY_TILES, nest="keys"),) if params["parts"] else ()
         return variant.build(**params, then=then)
     return replace(variant, build=build, defaults={**variant.defaults, "rows": KEYS_PER_RUN},
-                   space={**variant.space, "rows": (KEYS_PER_RUN,), "parts": (1,)})
+                   space={**variant.space, "rows": (KEYS_PER_RUN,), "parts": (1,)}, avx512={})
 
 
 KERNELS = [kernel for causal in (False, True) for kernel in (
