@@ -322,20 +322,17 @@ class UnrollDraws(Step):
     nest: Optional[str] = None
 
     def rewrite_nest(self, nest, names):
-        draws = lambda loop: [e for s in walk(loop.body) for x in stmt_exprs(s)
-                              for e in S.subexpressions(x) if isinstance(e, S.Dropout)]
         body, unrolled = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.loop and any(
-                loop.var in sympy.sympify(e.key).free_symbols for e in draws(loop)),
-            lambda loop, scope: self._unroll(loop, draws(loop), names, scope,
-                                             ancestors(nest.body, loop)))
+                loop.var in sympy.sympify(e.key).free_symbols for e in _draws(loop.body)),
+            lambda loop, scope: self._unroll(loop, names, scope, ancestors(nest.body, loop)))
         if not unrolled:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.loop} that "
                                 "draws dropout's factors by it")
         return body
 
-    def _unroll(self, loop, draws, names, scope, around):
-        steps = {sympy.diff(e.key, loop.var) for e in draws}
+    def _unroll(self, loop, names, scope, around):
+        steps = {sympy.diff(e.key, loop.var) for e in _draws(loop.body)}
         if steps not in ({1}, {KEYS_PER_RUN}):
             raise ScheduleError(f"{self}: the loop over {self.loop} steps its draws' keys by "
                                 f"{', '.join(sorted(map(str, steps)))}, not 1 or "
@@ -357,13 +354,17 @@ class UnrollDraws(Step):
                 loop = replace(loop, simd=True)
         one = {lp.var: lp.start for lp in around if sympy.expand(lp.stop - lp.start) == 1}
         loop = map_stmt_exprs(loop, lambda e: _keys_at(e, one))
-        straddle = [e.key for s in walk(loop.body) for x in stmt_exprs(s)
-                    for e in S.subexpressions(x)
-                    if isinstance(e, S.Dropout) and not e.draw()[1].is_Integer]
+        straddle = [e.key for e in _draws(loop.body) if not e.draw()[1].is_Integer]
         if straddle:
             raise ScheduleError(f"{self}: key {straddle[0]} is not 8 times a group plus a "
                                 "piece: the draws of a group's keys would not share a run")
         return [loop] + rest
+
+
+def _draws(stmts):
+    """The Dropout nodes of the statements' expressions."""
+    return [e for s in walk(stmts) for x in stmt_exprs(s) for e in S.subexpressions(x)
+            if isinstance(e, S.Dropout)]
 
 
 def _keys_at(e, values):
