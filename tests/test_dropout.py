@@ -9,8 +9,10 @@ import subprocess
 
 import numpy as np
 import pytest
+import sympy
 
-from moagen.errors import ShapeError, SpecError
+from moagen.bench import calls
+from moagen.errors import ScheduleError, ShapeError, SpecError
 from moagen.kernels import attention_dropout
 from moagen.moa import scalar as S
 from moagen.moa.dnf import psi_reduce
@@ -18,9 +20,10 @@ from moagen.moa.expr import Scalar, array, dropout, idiv, psi, sym
 from moagen.moa.rewrites import quadratic_temporaries
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf
-from moagen.onf.loops import Loop, stmt_exprs, walk
+from moagen.onf.loops import ONF, Buffer, Loop, Nest, Store, stmt_exprs, walk
 from moagen.pipeline import onf_of
 from moagen.philox import keep_mask, keep_pieces, philox4x32
+from moagen.steps.loop.unroll import UnrollDraws
 from moagen import reference
 from moagen.targets.toolchain import Toolchain
 from moagen.templates import render
@@ -245,3 +248,65 @@ def test_the_flash_forwards_groups_of_keys_are_vector_lanes():
             for e in S.subexpressions(x))]
         assert {loop.var.name for loop in drawing} == {"j_tile", "j"}
         assert all(loop.simd for loop in drawing if loop.var.name == "j_tile"), kernel
+
+
+def _draws(body):
+    return [e for s in walk(body) for x in stmt_exprs(s) for e in S.subexpressions(x)
+            if isinstance(e, S.Dropout)]
+
+
+@pytest.mark.parametrize("kernel", ["attention_dropout_bwd", "attention_dropout_bwd_causal"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_flash_backwards_key_tiles_are_groups_a_run_each(kernel, dtype):
+    """The owner's tiles of key rows are 8 on every CPU, each one Philox group: its draws
+    (a query row a vector lane) name one (row, group), j_in_tile, for pieces 0 to 7, where
+    keys 6 j_in_tile + j_part + u made a run each. The keys past the last tile (the edge
+    nest) draw a key at a time."""
+    onf = onf_of(kernel, "flash", dtype=dtype)
+    keys = next(n for n in onf.nests if n.label == "keys")
+    draws = [d.draw() for d in _draws(keys.body)]
+    assert sorted(int(piece) for _, piece in draws) == list(range(8))
+    assert {group for group, _ in draws} == {sym("j_in_tile")}
+    edge = [n for n in onf.nests if n.label != "keys" and _draws(n.body)]
+    assert edge and all(not d.draw()[1].is_Integer for n in edge for d in _draws(n.body))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_flash_backward_keeps_its_portable_tiles_on_avx512(monkeypatch, dtype):
+    """Where the compiler targets AVX-512 the plain backward's tiles are twice as wide; the
+    dropout backward's stay 8 rows by 8 (float64) or 16 (float32) columns."""
+    monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: True)
+    schedule = lambda kernel: calls.schedule(kernel, "flash", "c", dtype)["params"]
+    assert schedule("attention_dropout_bwd") == {
+        "rows": 8, "keys": 1, "parts": 1, "lanes": {"float64": 8, "float32": 16}[dtype]}
+    assert schedule("attention_gqa_bwd")["lanes"] == {"float64": 16, "float32": 32}[dtype]
+
+
+def test_unroll_draws_refuses_key_tiles_that_are_not_groups():
+    """6 key rows a tile (the AVX2 owner's): a run of 8 keys would straddle two groups."""
+    with pytest.raises(ScheduleError, match="steps its draws' keys by 6, not 1 or 8"):
+        onf_of("attention_dropout_bwd", "flash", params={"rows": 6})
+
+
+def _jammed_draws(parts, offset=0):
+    """y[r, 8 t + u + q + offset] = the draw of that key, for q over `parts` values: tiles
+    of 8 keys jammed as UnrollJam leaves the owner's (q its j_part)."""
+    r, t, q, n, keys = (sym(name) for name in ("r", "t", "q", "n", "k"))
+    stores = tuple(Store("y", (r, 8 * t + u + q + offset), S.Dropout(
+        r, 8 * t + u + q + offset, sym("seed"), S.Num(P))) for u in range(8))
+    zero = sympy.Integer(0)
+    body = Loop(q, zero, sympy.Integer(parts), (Loop(r, zero, n, (
+        Loop(t, zero, idiv(keys, 8), stores),)),))
+    return ONF("draws", "test", (), (Buffer("y", (n, keys)),), (), (n, keys), (),
+               (Nest("y", (body,), "y = dropout"),))
+
+
+def test_unroll_draws_reads_a_loop_of_one_value_at_its_value():
+    """A loop around the tiles that takes one value (q in [0, 1): the owner's j_part, of one
+    part) is 0 in the draws' keys, which then name their group; of two values, or keys 3
+    past a group's start, a tile's 8 keys straddle two groups: refused."""
+    onf = UnrollDraws("t")(_jammed_draws(parts=1))
+    assert {d.draw() for d in _draws(onf.nests[0].body)} == {(sym("t"), v) for v in range(8)}
+    for parts, offset in ((2, 0), (1, 3)):
+        with pytest.raises(ScheduleError, match="not 8 times a group plus a piece"):
+            UnrollDraws("t")(_jammed_draws(parts, offset))

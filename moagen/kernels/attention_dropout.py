@@ -21,7 +21,9 @@ from moagen.kernels.cases import Bench, Check, references
 from moagen.moa.expr import Scalar, dropout, lift, psi
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
-from moagen.steps.loop.unroll import UnrollDraws
+from moagen.onf.names import loop_role
+from moagen.philox import KEYS_PER_RUN
+from moagen.steps.loop.unroll import UnrollDraws, tiled
 
 P = Scalar("dropout_p")
 # Z / (1 - p) for every query head's probabilities: query head g * group + r's, as SDPA's
@@ -60,22 +62,44 @@ def backward_spec(causal: bool) -> KernelSpec:
 # dnf: row by row, nothing of size n x n, as attention_cross's (the same loops). flash:
 # attention_gqa's (FlashAttention's register tiles; the backward's key rows own dK and dV),
 # the forward's factors applied to a block's row of probabilities once per key
-# (OnlineSoftmax) by groups of 8 keys, one Philox run each (UnrollDraws), the backward's
-# drawn inside its tiles. On a GPU the backward's keys pass names its blocks of
-# P and dS t4 and t5 (the factors' values take t2 and t3)
+# (OnlineSoftmax) by groups of 8 keys, one Philox run each (UnrollDraws). The backward's
+# drawn inside its tiles of key rows, 8 on every CPU (AVX2's owner has 6 for its 16
+# registers): a tile is then a group, one run for its keys (UnrollDraws checks), where 6
+# drew a run per element (docs/journal/2026-12-07-dropout-speed.md). On a GPU the
+# backward's keys pass names its blocks of P and dS t4 and t5 (the factors' values take t2
+# and t3)
 # float32's tiles 8 lanes wide, not 16: with the draws' code beside them gcc keeps only the
 # narrower output tile in vector registers (docs/PERFORMANCE.md, "Other lengths, padding,
 # dropout, masks")
 FORWARD_DTYPES = {"float32": {"lanes": 8}}
 BACKWARD_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t4_block", dS2="t5_block")
+# the key rows' pass's tiles (PartBuffers' loop over a part's keys, jammed)
+KEY_TILES = tiled(loop_role("j", "in"), KEYS_PER_RUN)
+
+
+def backward_variant(causal):
+    """attention_bwd's flash over these loops. On a CPU (parts 1: the key rows' pass adds dQ
+    too) its tiles are 8 key rows of one part, a group of keys each (UnrollDraws), by 8
+    (float64) or 16 (float32) columns on AVX-512 too: with the draws beside them the
+    owner's AVX-512 tiles, twice as wide, ran 1.16-1.39x the plain backward where these ran
+    1.02-1.14x (docs/journal/2026-12-07-dropout-speed.md). The GPU schedule OpenACC takes
+    (parts 0, 4 rows) draws a key at a time, as CUDA's."""
+    variant = attention_bwd.flash_variant(causal, loops=LOOPS, scratch=BACKWARD_SCRATCH)
+
+    def build(**params):
+        then = (UnrollDraws(KEY_TILES, nest="keys"),) if params["parts"] else ()
+        return variant.build(**params, then=then)
+    return replace(variant, build=build, defaults={**variant.defaults, "rows": KEYS_PER_RUN},
+                   space={**variant.space, "rows": (KEYS_PER_RUN,), "parts": (1,)}, avx512={})
+
+
 KERNELS = [kernel for causal in (False, True) for kernel in (
     (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD),
                     "flash": replace(attention.flash_variant(causal, loops=LOOPS.query,
                                                              then=(UnrollDraws("j"),)),
                                      dtypes=FORWARD_DTYPES)}),
     (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD),
-                             "flash": attention_bwd.flash_variant(causal, loops=LOOPS,
-                                                                  scratch=BACKWARD_SCRATCH)}))]
+                             "flash": backward_variant(causal)}))]
 ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
 
 

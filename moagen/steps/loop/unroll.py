@@ -26,9 +26,9 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, arrays_read, enclose,
-                              loop_nest, loop_vars, map_stmt_exprs, rewrite_loops, stmt_exprs,
-                              subs_stmts, walk)
+from moagen.onf.loops import (Let, Loop, Nest, ONF, Store, Update, ancestors, arrays_read,
+                              enclose, loop_nest, loop_vars, map_stmt_exprs, rewrite_loops,
+                              stmt_exprs, subs_stmts, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.philox import KEYS_PER_RUN
 from moagen.steps.loop.reductions import require_lowered
@@ -299,44 +299,76 @@ def _merge_sums(stmts):
 
 @dataclass(frozen=True)
 class UnrollDraws(Step):
-    """KEYS_PER_RUN (8) iterations at a time of every loop over `loop` whose body draws
-    dropout's factors by it, the loop's variable the draws' key (the flash forward's factors
-    applied to a block's row of probabilities):
+    """The draws of dropout's factors in every loop over `loop` whose body draws by its
+    variable, each group of KEYS_PER_RUN (8) keys naming one (row, group): the copies' keys
+    read 8 t + v (moagen.moa.scalar.Dropout.draw), and the compiler makes one Philox run
+    for the 8 where each key made its own. A loop that draws a key an iteration (the flash
+    forward's factors applied to a block's row) runs 8 at a time:
 
         for j in [s, e): B(j)  ->  for j_tile in [s / 8, e // 8): jam(B(8 j_tile), .., B(8 j_tile + 7))
                                    for j in [8 (e // 8), e): B(j)
 
-    jam is UnrollJam's. The copies' draws then name one (row, group), j_tile
-    (moagen.moa.scalar.Dropout.draw), and the compiler makes one Philox run for their 8
-    keys where the loop made 8; j_tile, innermost, is marked simd, so that the compiler runs
-    several groups' rounds in the lanes of its vectors. Legal where UnrollJam is (the
-    iterations independent), and when s is a multiple of 8, so that the groups are
-    Philox's."""
+    jam is UnrollJam's; j_tile, innermost, is marked simd, so that the compiler runs several
+    groups' rounds in the lanes of its vectors. A loop that draws 8 keys an iteration (the
+    owner backward's tiles of 8 key rows, UnrollJam's) is left as it is. In both, a loop
+    around it that takes one value (the backward's j_part, of one part: 0) is that value in
+    the draws' keys, so that they read as groups.
+
+    Legal where UnrollJam is (the iterations independent), when s is a multiple of 8 (a key
+    an iteration), and when every key is then 8 t + v (v < 8 a number, the rest a multiple
+    of 8): the loop's keys are Philox's groups. Refused otherwise: a tile of 6 keys, whose
+    runs of 8 straddle two groups, or a part's keys starting off a multiple of 8."""
     loop: str
     nest: Optional[str] = None
 
     def rewrite_nest(self, nest, names):
         body, unrolled = rewrite_loops(
             nest.body, lambda loop: loop.var.name == self.loop and any(
-                isinstance(e, S.Dropout) and loop.var in sympy.sympify(e.key).free_symbols
-                for s in walk(loop.body) for x in stmt_exprs(s) for e in S.subexpressions(x)),
-            lambda loop, scope: self._unroll(loop, names, scope))
+                loop.var in sympy.sympify(e.key).free_symbols for e in _draws(loop.body)),
+            lambda loop, scope: self._unroll(loop, names, scope, ancestors(nest.body, loop)))
         if not unrolled:
             raise NotApplicable(f"{self}: nest {nest.label} has no loop over {self.loop} that "
                                 "draws dropout's factors by it")
         return body
 
-    def _unroll(self, loop, names, scope):
-        check_independent(self, loop)
-        f = KEYS_PER_RUN
+    def _unroll(self, loop, names, scope, around):
+        steps = {sympy.diff(e.key, loop.var) for e in _draws(loop.body)}
+        if steps not in ({1}, {KEYS_PER_RUN}):
+            raise ScheduleError(f"{self}: the loop over {self.loop} steps its draws' keys by "
+                                f"{', '.join(sorted(map(str, steps)))}, not 1 or "
+                                f"{KEYS_PER_RUN}: its keys are not Philox's groups")
+        f = KEYS_PER_RUN // int(steps.pop())
         if not divides(f, loop.start):
             raise ScheduleError(f"{self}: the loop starts at {loop.start}, not a multiple of "
                                 f"{f}: its keys would not be Philox's groups")
-        tile = claim_loop(names, loop_role(self.loop, "tile"), scope | loop_vars((loop,)), self)
-        tiles, rest = in_groups(self, loop, loop.body, f, tile, names)
-        if not any(isinstance(s, Loop) for s in tiles.body):
-            # the groups' runs side by side in vector lanes (their iterations independent,
-            # as the loop's were): MarkSimd takes only unit-stride stores, a group's are 8
-            # apart
-            tiles = replace(tiles, simd=True)
-        return [tiles, rest]
+        rest = []
+        if f > 1:
+            check_independent(self, loop)
+            tile = claim_loop(names, loop_role(self.loop, "tile"),
+                              scope | loop_vars((loop,)), self)
+            loop, *rest = in_groups(self, loop, loop.body, f, tile, names)
+            if not any(isinstance(s, Loop) for s in loop.body):
+                # the groups' runs side by side in vector lanes (their iterations
+                # independent, as the loop's were): MarkSimd takes only unit-stride stores,
+                # a group's are 8 apart
+                loop = replace(loop, simd=True)
+        one = {lp.var: lp.start for lp in around if sympy.expand(lp.stop - lp.start) == 1}
+        loop = map_stmt_exprs(loop, lambda e: _keys_at(e, one))
+        straddle = [e.key for e in _draws(loop.body) if not e.draw()[1].is_Integer]
+        if straddle:
+            raise ScheduleError(f"{self}: key {straddle[0]} is not 8 times a group plus a "
+                                "piece: the draws of a group's keys would not share a run")
+        return [loop] + rest
+
+
+def _draws(stmts):
+    """The Dropout nodes of the statements' expressions."""
+    return [e for s in walk(stmts) for x in stmt_exprs(s) for e in S.subexpressions(x)
+            if isinstance(e, S.Dropout)]
+
+
+def _keys_at(e, values):
+    """e with its draws' keys at `values` (sympy Symbol -> expression)."""
+    if isinstance(e, S.Dropout):
+        return replace(e, key=sympy.sympify(e.key).xreplace(values))
+    return S.map_children(e, lambda c: _keys_at(c, values))
