@@ -42,8 +42,10 @@ class IndexPrinter(C99CodePrinter):
         return super()._print_Function(expr)
 
 
-# an integer input's element type in C (moagen.moa.expr.ELEMENTS)
-C_ELEMENT = {"int64": "int64_t"}
+# an integer or bool input's element type in C (moagen.moa.expr.ELEMENTS): a bool as
+# uint8_t, the byte numpy and torch store, any nonzero byte true (a _Bool other than 0 or 1
+# would be undefined)
+C_ELEMENT = {"int64": "int64_t", "bool": "uint8_t"}
 
 
 class CPrinter(Printer):
