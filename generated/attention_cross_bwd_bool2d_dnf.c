@@ -115,7 +115,7 @@ void attention_cross_bwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
                         }
-                        const double t = scale * exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+                        const double t = scale * exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
@@ -151,7 +151,7 @@ void attention_cross_bwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const double t2 = scale * exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+                        const double t2 = scale * exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - lse[lse_row + i]) * (dov - delta[delta_row + i]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
@@ -182,7 +182,7 @@ void attention_cross_bwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const double t3 = exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - lse[lse_row + i]);
+                        const double t3 = exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - lse[lse_row + i]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
@@ -260,7 +260,7 @@ void attention_cross_bwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
                         }
-                        const float t = scale * expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+                        const float t = scale * expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
@@ -296,7 +296,7 @@ void attention_cross_bwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const float t2 = scale * expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+                        const float t2 = scale * expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - lse[lse_row + i]) * (dov - delta[delta_row + i]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
@@ -327,7 +327,7 @@ void attention_cross_bwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const float t3 = expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - lse[lse_row + i]);
+                        const float t3 = expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - lse[lse_row + i]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];

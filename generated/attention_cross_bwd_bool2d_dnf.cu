@@ -130,7 +130,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dQ(
         for (int64_t c = 0; c < d; ++c) {
             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
         }
-        const double t = scale * exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+        const double t = scale * exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
         }
@@ -179,7 +179,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dK(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
             }
-            const double t2 = scale * exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+            const double t2 = scale * exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
             }
@@ -223,7 +223,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dV(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
             }
-            const double t3 = exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - lse[lse_row + i]);
+            const double t3 = exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]);
             for (int64_t c = 0; c < d; ++c) {
                 dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
             }
@@ -366,7 +366,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dQ(
         for (int64_t c = 0; c < d; ++c) {
             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
         }
-        const float t = scale * expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+        const float t = scale * expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
         }
@@ -415,7 +415,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dK(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
             }
-            const float t2 = scale * expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+            const float t2 = scale * expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
             for (int64_t c = 0; c < d; ++c) {
                 dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
             }
@@ -459,7 +459,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dV(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
             }
-            const float t3 = expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - lse[lse_row + i]);
+            const float t3 = expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]);
             for (int64_t c = 0; c < d; ++c) {
                 dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
             }

@@ -111,7 +111,7 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * V(V_row + c)
               end do
-              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double) - lse(i + &
+              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(i + &
                   & n_q*(group*(b*kv_heads + g) + r))) * (dov - delta(i + n_q*(group*(b*kv_heads &
                   & + g) + r)))
               !$omp simd
@@ -160,8 +160,8 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(dO_row + c) * V(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t2 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double) - &
-                  & lse(lse_row + i)) * (dov - delta(delta_row + i))
+              t2 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i)) * &
+                  & (dov - delta(delta_row + i))
               !$omp simd
               do c = 0, d - 1
                 dK(c + d*(j + n*(b*kv_heads + g))) = dK(c + d*(j + n*(b*kv_heads + g))) + t2 * &
@@ -193,7 +193,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(Q_row + c) * K(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t3 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double) - lse(lse_row + i))
+              t3 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i))
               !$omp simd
               do c = 0, d - 1
                 dV(c + d*(j + n*(b*kv_heads + g))) = dV(c + d*(j + n*(b*kv_heads + g))) + t3 * &
@@ -274,7 +274,7 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * V(V_row + c)
               end do
-              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float) - lse(i + &
+              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(i + &
                   & n_q*(group*(b*kv_heads + g) + r))) * (dov - delta(i + n_q*(group*(b*kv_heads &
                   & + g) + r)))
               !$omp simd
@@ -323,8 +323,8 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(dO_row + c) * V(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t2 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float) - lse(lse_row &
-                  & + i)) * (dov - delta(delta_row + i))
+              t2 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i)) * &
+                  & (dov - delta(delta_row + i))
               !$omp simd
               do c = 0, d - 1
                 dK(c + d*(j + n*(b*kv_heads + g))) = dK(c + d*(j + n*(b*kv_heads + g))) + t2 * &
@@ -356,7 +356,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(Q_row + c) * K(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t3 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float) - lse(lse_row + i))
+              t3 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i))
               !$omp simd
               do c = 0, d - 1
                 dV(c + d*(j + n*(b*kv_heads + g))) = dV(c + d*(j + n*(b*kv_heads + g))) + t3 * &

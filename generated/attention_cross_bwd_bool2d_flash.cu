@@ -287,7 +287,7 @@ __global__ void attention_cross_bwd_bool2d_flash_f64_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) t[s_i][s_j] = scale * exp((M[i*n + j] > 0.0 ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
+                if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) t[s_i][s_j] = scale * exp((M[i*n + j] > 0 ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
         #pragma unroll
@@ -499,7 +499,7 @@ __global__ void attention_cross_bwd_bool2d_flash_f64_keys(
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                    if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) t2[s_j][s_i] = exp((M[i*n + j] > 0.0 ? scale * qk[s_j][s_i] : -INFINITY) - keys_lse_tile[i - 64*i_blk]);
+                    if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) t2[s_j][s_i] = exp((M[i*n + j] > 0 ? scale * qk[s_j][s_i] : -INFINITY) - keys_lse_tile[i - 64*i_blk]);
                 }
             }
             #pragma unroll
@@ -866,7 +866,7 @@ __global__ void attention_cross_bwd_bool2d_flash_f32_dQ(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) t[s_i][s_j] = scale * expf((M[i*n + j] > 0.0f ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
+                if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) t[s_i][s_j] = scale * expf((M[i*n + j] > 0 ? scale * qk[s_i][s_j] : -INFINITY) - dQ_lse_tile_at[s_i]) * (dov[s_i][s_j] - dQ_delta_tile_at[s_i]);
             }
         }
         #pragma unroll
@@ -1078,7 +1078,7 @@ __global__ void attention_cross_bwd_bool2d_flash_f32_keys(
                 #pragma unroll
                 for (int s_i = 0; s_i < 4; ++s_i) {
                     const int i = 64*i_blk + (s_i / 4 * 16 + tx) * 4 + s_i % 4;
-                    if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) t2[s_j][s_i] = expf((M[i*n + j] > 0.0f ? scale * qk[s_j][s_i] : -INFINITY) - keys_lse_tile[i - 64*i_blk]);
+                    if (j < (n < 32*j_blk + 32 ? n : 32*j_blk + 32) && i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) t2[s_j][s_i] = expf((M[i*n + j] > 0 ? scale * qk[s_j][s_i] : -INFINITY) - keys_lse_tile[i - 64*i_blk]);
                 }
             }
             #pragma unroll

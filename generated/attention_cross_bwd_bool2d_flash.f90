@@ -1232,35 +1232,35 @@ contains
                         & + g) + 5) + &
       r)*min(64, n_q))
                     t2_0 = merge(0.0_c_double, exp(max(merge(scale * qk_0, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part) > 0.0_c_double) - lse(i + n_q*(group*(b*kv_heads &
-                        & + g) + r)), -708.0_c_double)), (merge(scale * qk_0, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part) > 0.0_c_double) - lse(i + n_q*(group*(b*kv_heads &
-                        & + g) + r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                        & -708.0_c_double)), (merge(scale * qk_0, neg_inf, M(i*n + 6*j_in_tile + &
+                        & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
+                        & -700.0_c_double)
                     t2_1 = merge(0.0_c_double, exp(max(merge(scale * qk_1, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 1) > 0.0_c_double) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -708.0_c_double)), (merge(scale * &
-                        & qk_1, neg_inf, M(i*n + 6*j_in_tile + j_part + 1) > 0.0_c_double) - &
-                        & lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -708.0_c_double)), (merge(scale * qk_1, neg_inf, M(i*n + &
+                        & 6*j_in_tile + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r))) < -700.0_c_double)
                     t2_2 = merge(0.0_c_double, exp(max(merge(scale * qk_2, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 2) > 0.0_c_double) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -708.0_c_double)), (merge(scale * &
-                        & qk_2, neg_inf, M(i*n + 6*j_in_tile + j_part + 2) > 0.0_c_double) - &
-                        & lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -708.0_c_double)), (merge(scale * qk_2, neg_inf, M(i*n + &
+                        & 6*j_in_tile + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r))) < -700.0_c_double)
                     t2_3 = merge(0.0_c_double, exp(max(merge(scale * qk_3, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 3) > 0.0_c_double) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -708.0_c_double)), (merge(scale * &
-                        & qk_3, neg_inf, M(i*n + 6*j_in_tile + j_part + 3) > 0.0_c_double) - &
-                        & lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -708.0_c_double)), (merge(scale * qk_3, neg_inf, M(i*n + &
+                        & 6*j_in_tile + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r))) < -700.0_c_double)
                     t2_4 = merge(0.0_c_double, exp(max(merge(scale * qk_4, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 4) > 0.0_c_double) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -708.0_c_double)), (merge(scale * &
-                        & qk_4, neg_inf, M(i*n + 6*j_in_tile + j_part + 4) > 0.0_c_double) - &
-                        & lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -708.0_c_double)), (merge(scale * qk_4, neg_inf, M(i*n + &
+                        & 6*j_in_tile + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r))) < -700.0_c_double)
                     t2_5 = merge(0.0_c_double, exp(max(merge(scale * qk_5, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 5) > 0.0_c_double) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -708.0_c_double)), (merge(scale * &
-                        & qk_5, neg_inf, M(i*n + 6*j_in_tile + j_part + 5) > 0.0_c_double) - &
-                        & lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -708.0_c_double)), (merge(scale * qk_5, neg_inf, M(i*n + &
+                        & 6*j_in_tile + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r))) < -700.0_c_double)
                     t_0 = scale * t2_0 * (dov_0 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_1 = scale * t2_1 * (dov_1 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_2 = scale * t2_2 * (dov_2 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
@@ -1962,10 +1962,9 @@ contains
                       & r)*min(64, &
       n_q))
                   t2 = merge(0.0_c_double, exp(max(merge(scale * qk, neg_inf, M(i*n + j_in + &
-                      & j_part) > 0.0_c_double) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                      & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
                       & -708.0_c_double)), (merge(scale * qk, neg_inf, M(i*n + j_in + j_part) > &
-                      & 0.0_c_double) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                      & -700.0_c_double)
+                      & 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
                   t = scale * t2 * (dov - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                   t2_block(i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*min(64, &
       n_q)) = t2
@@ -4098,35 +4097,34 @@ contains
                         & + g) + 5) + &
       r)*min(64, n_q))
                     t2_0 = merge(0.0_c_float, exp(max(merge(scale * qk_0, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part) > 0.0_c_float) - lse(i + n_q*(group*(b*kv_heads + &
-                        & g) + r)), -87.0_c_float)), (merge(scale * qk_0, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part) > 0.0_c_float) - lse(i + n_q*(group*(b*kv_heads + &
-                        & g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                        & -87.0_c_float)), (merge(scale * qk_0, neg_inf, M(i*n + 6*j_in_tile + &
+                        & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
                     t2_1 = merge(0.0_c_float, exp(max(merge(scale * qk_1, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 1) > 0.0_c_float) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -87.0_c_float)), (merge(scale * &
-                        & qk_1, neg_inf, M(i*n + 6*j_in_tile + j_part + 1) > 0.0_c_float) - lse(i &
-                        & + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -87.0_c_float)), (merge(scale * qk_1, neg_inf, M(i*n + 6*j_in_tile &
+                        & + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
+                        & -80.0_c_float)
                     t2_2 = merge(0.0_c_float, exp(max(merge(scale * qk_2, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 2) > 0.0_c_float) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -87.0_c_float)), (merge(scale * &
-                        & qk_2, neg_inf, M(i*n + 6*j_in_tile + j_part + 2) > 0.0_c_float) - lse(i &
-                        & + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -87.0_c_float)), (merge(scale * qk_2, neg_inf, M(i*n + 6*j_in_tile &
+                        & + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
+                        & -80.0_c_float)
                     t2_3 = merge(0.0_c_float, exp(max(merge(scale * qk_3, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 3) > 0.0_c_float) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -87.0_c_float)), (merge(scale * &
-                        & qk_3, neg_inf, M(i*n + 6*j_in_tile + j_part + 3) > 0.0_c_float) - lse(i &
-                        & + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -87.0_c_float)), (merge(scale * qk_3, neg_inf, M(i*n + 6*j_in_tile &
+                        & + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
+                        & -80.0_c_float)
                     t2_4 = merge(0.0_c_float, exp(max(merge(scale * qk_4, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 4) > 0.0_c_float) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -87.0_c_float)), (merge(scale * &
-                        & qk_4, neg_inf, M(i*n + 6*j_in_tile + j_part + 4) > 0.0_c_float) - lse(i &
-                        & + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -87.0_c_float)), (merge(scale * qk_4, neg_inf, M(i*n + 6*j_in_tile &
+                        & + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
+                        & -80.0_c_float)
                     t2_5 = merge(0.0_c_float, exp(max(merge(scale * qk_5, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 5) > 0.0_c_float) - lse(i + &
-                        & n_q*(group*(b*kv_heads + g) + r)), -87.0_c_float)), (merge(scale * &
-                        & qk_5, neg_inf, M(i*n + 6*j_in_tile + j_part + 5) > 0.0_c_float) - lse(i &
-                        & + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -87.0_c_float)), (merge(scale * qk_5, neg_inf, M(i*n + 6*j_in_tile &
+                        & + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
+                        & -80.0_c_float)
                     t_0 = scale * t2_0 * (dov_0 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_1 = scale * t2_1 * (dov_1 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_2 = scale * t2_2 * (dov_2 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
@@ -5308,9 +5306,9 @@ contains
                       & r)*min(64, &
       n_q))
                   t2 = merge(0.0_c_float, exp(max(merge(scale * qk, neg_inf, M(i*n + j_in + &
-                      & j_part) > 0.0_c_float) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
-                      & -87.0_c_float)), (merge(scale * qk, neg_inf, M(i*n + j_in + j_part) > &
-                      & 0.0_c_float) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                      & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                      & -87.0_c_float)), (merge(scale * qk, neg_inf, M(i*n + j_in + j_part) > 0) &
+                      & - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
                   t = scale * t2 * (dov - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                   t2_block(i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*min(64, &
       n_q)) = t2

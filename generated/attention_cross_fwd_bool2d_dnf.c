@@ -88,7 +88,7 @@ void attention_cross_fwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
                         }
-                        row_max = max_double(row_max, (M[i*n + j] > 0.0 ? scale * qk : -INFINITY));
+                        row_max = max_double(row_max, scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value);
                     }
                     double row_sum = 0.0;
                     for (int64_t j = 0; j < n; ++j) {
@@ -98,7 +98,7 @@ void attention_cross_fwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
                         }
-                        row_sum += exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - row_max);
+                        row_sum += exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - row_max);
                     }
                     for (int64_t j = 0; j < n; ++j) {
                         const int64_t K_row = d*(j + n*(b*kv_heads + g));
@@ -108,7 +108,7 @@ void attention_cross_fwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
                         }
-                        const double t = exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - row_max) / row_sum;
+                        const double t = exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - row_max) / row_sum;
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
@@ -158,7 +158,7 @@ void attention_cross_fwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
                         }
-                        row_max = max_float(row_max, (M[i*n + j] > 0.0f ? scale * qk : -INFINITY));
+                        row_max = max_float(row_max, scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value);
                     }
                     float row_sum = 0.0f;
                     for (int64_t j = 0; j < n; ++j) {
@@ -168,7 +168,7 @@ void attention_cross_fwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
                         }
-                        row_sum += expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - row_max);
+                        row_sum += expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - row_max);
                     }
                     for (int64_t j = 0; j < n; ++j) {
                         const int64_t K_row = d*(j + n*(b*kv_heads + g));
@@ -178,7 +178,7 @@ void attention_cross_fwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
                         }
-                        const float t = expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - row_max) / row_sum;
+                        const float t = expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - row_max) / row_sum;
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];

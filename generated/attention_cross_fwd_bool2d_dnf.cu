@@ -94,7 +94,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f64_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        row_max = fmax(row_max, (M[i*n + j] > 0.0 ? scale * qk : -INFINITY));
+        row_max = fmax(row_max, (M[i*n + j] > 0 ? scale * qk : -INFINITY));
     }
     double row_sum = 0.0;
     for (int64_t j = 0; j < n; ++j) {
@@ -103,7 +103,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f64_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        row_sum += exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - row_max);
+        row_sum += exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
         const int64_t K_row = d*(j + n*(b*kv_heads + g));
@@ -112,7 +112,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f64_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        const double t = exp((M[i*n + j] > 0.0 ? scale * qk : -INFINITY) - row_max) / row_sum;
+        const double t = exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
             O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
         }
@@ -189,7 +189,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f32_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        row_max = fmaxf(row_max, (M[i*n + j] > 0.0f ? scale * qk : -INFINITY));
+        row_max = fmaxf(row_max, (M[i*n + j] > 0 ? scale * qk : -INFINITY));
     }
     float row_sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
@@ -198,7 +198,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f32_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        row_sum += expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - row_max);
+        row_sum += expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max);
     }
     for (int64_t j = 0; j < n; ++j) {
         const int64_t K_row = d*(j + n*(b*kv_heads + g));
@@ -207,7 +207,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f32_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        const float t = expf((M[i*n + j] > 0.0f ? scale * qk : -INFINITY) - row_max) / row_sum;
+        const float t = expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max) / row_sum;
         for (int64_t c = 0; c < d; ++c) {
             O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
         }

@@ -88,7 +88,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              row_max = max(row_max, merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double))
+              row_max = max(row_max, merge(scale * qk, neg_inf, M(i*n + j) > 0))
             end do
             row_sum = 0.0_c_double
             do j = 0, n - 1
@@ -98,8 +98,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double) - &
-                  & row_max)
+              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max)
             end do
             do j = 0, n - 1
               K_row = d*(j + n*(b*kv_heads + g))
@@ -109,7 +108,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              t = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double) - row_max) / row_sum
+              t = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max) / row_sum
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
@@ -170,7 +169,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              row_max = max(row_max, merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float))
+              row_max = max(row_max, merge(scale * qk, neg_inf, M(i*n + j) > 0))
             end do
             row_sum = 0.0_c_float
             do j = 0, n - 1
@@ -180,8 +179,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float) - &
-                  & row_max)
+              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max)
             end do
             do j = 0, n - 1
               K_row = d*(j + n*(b*kv_heads + g))
@@ -191,7 +189,7 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              t = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float) - row_max) / row_sum
+              t = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max) / row_sum
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &

@@ -185,7 +185,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 32*i_blk + 36*j - 2304*j_blk] = (M[i*n + j] > 0.0 ? scale * qk[s_i][s_j] : -INFINITY);
+                if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 32*i_blk + 36*j - 2304*j_blk] = (M[i*n + j] > 0 ? scale * qk[s_i][s_j] : -INFINITY);
             }
         }
         #pragma unroll
@@ -447,7 +447,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
             #pragma unroll
             for (int s_j = 0; s_j < 4; ++s_j) {
                 const int j = 64*j_blk + (s_j / 4 * 16 + tx) * 4 + s_j % 4;
-                if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = (M[i*n + j] > 0.0f ? scale * qk[s_i][s_j] : -INFINITY);
+                if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) && j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64)) probs[i - 64*i_blk + 68*j - 4352*j_blk] = (M[i*n + j] > 0 ? scale * qk[s_i][s_j] : -INFINITY);
             }
         }
         #pragma unroll

@@ -450,136 +450,293 @@ contains
                       & K_panel(8*c + 8*d*(j_tile + (b*kv_heads + g)*((n) / 8)) + 7)
                 end do
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n)) = merge(scale * qk_0_0, neg_inf, M(6*i_tile*n + 8*j_tile) > 0.0_c_double)
+      (64, n)) = scale * qk_0_0
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 1) = merge(scale * qk_0_1, neg_inf, M(6*i_tile*n + 8*j_tile + 1) > 0.0_c_double)
+      (64, n) + 1) = scale * qk_0_1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 2) = merge(scale * qk_0_2, neg_inf, M(6*i_tile*n + 8*j_tile + 2) > 0.0_c_double)
+      (64, n) + 2) = scale * qk_0_2
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 3) = merge(scale * qk_0_3, neg_inf, M(6*i_tile*n + 8*j_tile + 3) > 0.0_c_double)
+      (64, n) + 3) = scale * qk_0_3
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 4) = merge(scale * qk_0_4, neg_inf, M(6*i_tile*n + 8*j_tile + 4) > 0.0_c_double)
+      (64, n) + 4) = scale * qk_0_4
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 5) = merge(scale * qk_0_5, neg_inf, M(6*i_tile*n + 8*j_tile + 5) > 0.0_c_double)
+      (64, n) + 5) = scale * qk_0_5
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 6) = merge(scale * qk_0_6, neg_inf, M(6*i_tile*n + 8*j_tile + 6) > 0.0_c_double)
+      (64, n) + 6) = scale * qk_0_6
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
-      (64, n) + 7) = merge(scale * qk_0_7, neg_inf, M(6*i_tile*n + 8*j_tile + 7) > 0.0_c_double)
+      (64, n) + 7) = scale * qk_0_7
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n)) = merge(scale * qk_1_0, neg_inf, M(8*j_tile + n*(6*i_tile + 1)) > 0.0_c_double)
+      *min(64, n)) = scale * qk_1_0
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 1) = merge(scale * qk_1_1, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 1) > &
-          & 0.0_c_double)
+      *min(64, n) + 1) = scale * qk_1_1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 2) = merge(scale * qk_1_2, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 2) > &
-          & 0.0_c_double)
+      *min(64, n) + 2) = scale * qk_1_2
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 3) = merge(scale * qk_1_3, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 3) > &
-          & 0.0_c_double)
+      *min(64, n) + 3) = scale * qk_1_3
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 4) = merge(scale * qk_1_4, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 4) > &
-          & 0.0_c_double)
+      *min(64, n) + 4) = scale * qk_1_4
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 5) = merge(scale * qk_1_5, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 5) > &
-          & 0.0_c_double)
+      *min(64, n) + 5) = scale * qk_1_5
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 6) = merge(scale * qk_1_6, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 6) > &
-          & 0.0_c_double)
+      *min(64, n) + 6) = scale * qk_1_6
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
-      *min(64, n) + 7) = merge(scale * qk_1_7, neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 7) > &
-          & 0.0_c_double)
+      *min(64, n) + 7) = scale * qk_1_7
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n)) = merge(scale * qk_2_0, neg_inf, M(8*j_tile + n*(6*i_tile + 2)) > 0.0_c_double)
+      *min(64, n)) = scale * qk_2_0
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 1) = merge(scale * qk_2_1, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 1) > &
-          & 0.0_c_double)
+      *min(64, n) + 1) = scale * qk_2_1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 2) = merge(scale * qk_2_2, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 2) > &
-          & 0.0_c_double)
+      *min(64, n) + 2) = scale * qk_2_2
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 3) = merge(scale * qk_2_3, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 3) > &
-          & 0.0_c_double)
+      *min(64, n) + 3) = scale * qk_2_3
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 4) = merge(scale * qk_2_4, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 4) > &
-          & 0.0_c_double)
+      *min(64, n) + 4) = scale * qk_2_4
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 5) = merge(scale * qk_2_5, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 5) > &
-          & 0.0_c_double)
+      *min(64, n) + 5) = scale * qk_2_5
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 6) = merge(scale * qk_2_6, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 6) > &
-          & 0.0_c_double)
+      *min(64, n) + 6) = scale * qk_2_6
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
-      *min(64, n) + 7) = merge(scale * qk_2_7, neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 7) > &
-          & 0.0_c_double)
+      *min(64, n) + 7) = scale * qk_2_7
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n)) = merge(scale * qk_3_0, neg_inf, M(8*j_tile + n*(6*i_tile + 3)) > 0.0_c_double)
+      *min(64, n)) = scale * qk_3_0
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 1) = merge(scale * qk_3_1, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 1) > &
-          & 0.0_c_double)
+      *min(64, n) + 1) = scale * qk_3_1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 2) = merge(scale * qk_3_2, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 2) > &
-          & 0.0_c_double)
+      *min(64, n) + 2) = scale * qk_3_2
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 3) = merge(scale * qk_3_3, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 3) > &
-          & 0.0_c_double)
+      *min(64, n) + 3) = scale * qk_3_3
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 4) = merge(scale * qk_3_4, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 4) > &
-          & 0.0_c_double)
+      *min(64, n) + 4) = scale * qk_3_4
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 5) = merge(scale * qk_3_5, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 5) > &
-          & 0.0_c_double)
+      *min(64, n) + 5) = scale * qk_3_5
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 6) = merge(scale * qk_3_6, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 6) > &
-          & 0.0_c_double)
+      *min(64, n) + 6) = scale * qk_3_6
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
-      *min(64, n) + 7) = merge(scale * qk_3_7, neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 7) > &
-          & 0.0_c_double)
+      *min(64, n) + 7) = scale * qk_3_7
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n)) = merge(scale * qk_4_0, neg_inf, M(8*j_tile + n*(6*i_tile + 4)) > 0.0_c_double)
+      *min(64, n)) = scale * qk_4_0
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 1) = merge(scale * qk_4_1, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 1) > &
-          & 0.0_c_double)
+      *min(64, n) + 1) = scale * qk_4_1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 2) = merge(scale * qk_4_2, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 2) > &
-          & 0.0_c_double)
+      *min(64, n) + 2) = scale * qk_4_2
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 3) = merge(scale * qk_4_3, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 3) > &
-          & 0.0_c_double)
+      *min(64, n) + 3) = scale * qk_4_3
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 4) = merge(scale * qk_4_4, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 4) > &
-          & 0.0_c_double)
+      *min(64, n) + 4) = scale * qk_4_4
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 5) = merge(scale * qk_4_5, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 5) > &
-          & 0.0_c_double)
+      *min(64, n) + 5) = scale * qk_4_5
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 6) = merge(scale * qk_4_6, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 6) > &
-          & 0.0_c_double)
+      *min(64, n) + 6) = scale * qk_4_6
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
-      *min(64, n) + 7) = merge(scale * qk_4_7, neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 7) > &
-          & 0.0_c_double)
+      *min(64, n) + 7) = scale * qk_4_7
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n)) = merge(scale * qk_5_0, neg_inf, M(8*j_tile + n*(6*i_tile + 5)) > 0.0_c_double)
+      *min(64, n)) = scale * qk_5_0
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 1) = merge(scale * qk_5_1, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 1) > &
-          & 0.0_c_double)
+      *min(64, n) + 1) = scale * qk_5_1
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 2) = merge(scale * qk_5_2, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 2) > &
-          & 0.0_c_double)
+      *min(64, n) + 2) = scale * qk_5_2
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 3) = merge(scale * qk_5_3, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 3) > &
-          & 0.0_c_double)
+      *min(64, n) + 3) = scale * qk_5_3
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 4) = merge(scale * qk_5_4, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 4) > &
-          & 0.0_c_double)
+      *min(64, n) + 4) = scale * qk_5_4
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 5) = merge(scale * qk_5_5, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 5) > &
-          & 0.0_c_double)
+      *min(64, n) + 5) = scale * qk_5_5
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 6) = merge(scale * qk_5_6, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 6) > &
-          & 0.0_c_double)
+      *min(64, n) + 6) = scale * qk_5_6
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
-      *min(64, n) + 7) = merge(scale * qk_5_7, neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 7) > &
-          & 0.0_c_double)
+      *min(64, n) + 7) = scale * qk_5_7
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n)) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n)), neg_inf, M(6*i_tile*n + 8*j_tile) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 1) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 1), neg_inf, M(6*i_tile*n + 8*j_tile + 1) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 2) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 2), neg_inf, M(6*i_tile*n + 8*j_tile + 2) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 3) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 3), neg_inf, M(6*i_tile*n + 8*j_tile + 3) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 4) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 4), neg_inf, M(6*i_tile*n + 8*j_tile + 4) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 5) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 5), neg_inf, M(6*i_tile*n + 8*j_tile + 5) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 6) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 6), neg_inf, M(6*i_tile*n + 8*j_tile + 6) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min &
+      (64, n) + 7) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))*min &
+      (64, n) + 7), neg_inf, M(6*i_tile*n + 8*j_tile + 7) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n)) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r) + 1) &
+      *min(64, n)), neg_inf, M(8*j_tile + n*(6*i_tile + 1)) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 1) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 1), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 1) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 2) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 2), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 2) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 3) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 3), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 3) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 4) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 4), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 4) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 5) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 5), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 5) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 6) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 6), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 6) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) &
+      *min(64, n) + 7) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 1) &
+      *min(64, n) + 7), neg_inf, M(8*j_tile + n*(6*i_tile + 1) + 7) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n)) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r) + 2) &
+      *min(64, n)), neg_inf, M(8*j_tile + n*(6*i_tile + 2)) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 1) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 1), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 1) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 2) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 2), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 2) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 3) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 3), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 3) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 4) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 4), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 4) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 5) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 5), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 5) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 6) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 6), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 6) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) &
+      *min(64, n) + 7) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 2) &
+      *min(64, n) + 7), neg_inf, M(8*j_tile + n*(6*i_tile + 2) + 7) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n)) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r) + 3) &
+      *min(64, n)), neg_inf, M(8*j_tile + n*(6*i_tile + 3)) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 1) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 1), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 1) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 2) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 2), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 2) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 3) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 3), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 3) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 4) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 4), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 4) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 5) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 5), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 5) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 6) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 6), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 6) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) &
+      *min(64, n) + 7) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 3) &
+      *min(64, n) + 7), neg_inf, M(8*j_tile + n*(6*i_tile + 3) + 7) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n)) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r) + 4) &
+      *min(64, n)), neg_inf, M(8*j_tile + n*(6*i_tile + 4)) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 1) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 1), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 1) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 2) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 2), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 2) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 3) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 3), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 3) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 4) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 4), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 4) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 5) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 5), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 5) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 6) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 6), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 6) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) &
+      *min(64, n) + 7) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 4) &
+      *min(64, n) + 7), neg_inf, M(8*j_tile + n*(6*i_tile + 4) + 7) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n)) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r) + 5) &
+      *min(64, n)), neg_inf, M(8*j_tile + n*(6*i_tile + 5)) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 1) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 1), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 1) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 2) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 2), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 2) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 3) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 3), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 3) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 4) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 4), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 4) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 5) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 5), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 5) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 6) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 6), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 6) > 0)
+                probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) &
+      *min(64, n) + 7) = merge(probs(-64*j_blk + 8*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r) + 5) &
+      *min(64, n) + 7), neg_inf, M(8*j_tile + n*(6*i_tile + 5) + 7) > 0)
               end do
               do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
                 K_row = d*(j + n*(b*kv_heads + g))
@@ -605,17 +762,17 @@ contains
                       & K(K_row + c)
                 end do
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
-                    & merge(scale * qk_0, neg_inf, M(6*i_tile*n + j) > 0.0_c_double)
+                    & merge(scale * qk_0, neg_inf, M(6*i_tile*n + j) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)*min(64, &
-      n)) = merge(scale * qk_1, neg_inf, M(j + n*(6*i_tile + 1)) > 0.0_c_double)
+      n)) = merge(scale * qk_1, neg_inf, M(j + n*(6*i_tile + 1)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)*min(64, &
-      n)) = merge(scale * qk_2, neg_inf, M(j + n*(6*i_tile + 2)) > 0.0_c_double)
+      n)) = merge(scale * qk_2, neg_inf, M(j + n*(6*i_tile + 2)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)*min(64, &
-      n)) = merge(scale * qk_3, neg_inf, M(j + n*(6*i_tile + 3)) > 0.0_c_double)
+      n)) = merge(scale * qk_3, neg_inf, M(j + n*(6*i_tile + 3)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*min(64, &
-      n)) = merge(scale * qk_4, neg_inf, M(j + n*(6*i_tile + 4)) > 0.0_c_double)
+      n)) = merge(scale * qk_4, neg_inf, M(j + n*(6*i_tile + 4)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*min(64, &
-      n)) = merge(scale * qk_5, neg_inf, M(j + n*(6*i_tile + 5)) > 0.0_c_double)
+      n)) = merge(scale * qk_5, neg_inf, M(j + n*(6*i_tile + 5)) > 0)
               end do
               block_max_0 = neg_inf
               block_max_1 = neg_inf
@@ -1137,7 +1294,7 @@ contains
                   qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
                 end do
                 probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
-                    & merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_double)
+                    & merge(scale * qk, neg_inf, M(i*n + j) > 0)
               end do
               block_max = neg_inf
               !$omp simd reduction(max:block_max)
@@ -1848,278 +2005,581 @@ contains
                       & * K_panel(16*c + 16*d*(j_tile + (b*kv_heads + g)*((n) / 16)) + 15)
                 end do
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n)) = merge(scale * qk_0_0, neg_inf, M(6*i_tile*n + 16*j_tile) > 0.0_c_float)
+      min(64, n)) = scale * qk_0_0
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 1) = merge(scale * qk_0_1, neg_inf, M(6*i_tile*n + 16*j_tile + 1) > 0.0_c_float)
+      min(64, n) + 1) = scale * qk_0_1
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 2) = merge(scale * qk_0_2, neg_inf, M(6*i_tile*n + 16*j_tile + 2) > 0.0_c_float)
+      min(64, n) + 2) = scale * qk_0_2
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 3) = merge(scale * qk_0_3, neg_inf, M(6*i_tile*n + 16*j_tile + 3) > 0.0_c_float)
+      min(64, n) + 3) = scale * qk_0_3
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 4) = merge(scale * qk_0_4, neg_inf, M(6*i_tile*n + 16*j_tile + 4) > 0.0_c_float)
+      min(64, n) + 4) = scale * qk_0_4
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 5) = merge(scale * qk_0_5, neg_inf, M(6*i_tile*n + 16*j_tile + 5) > 0.0_c_float)
+      min(64, n) + 5) = scale * qk_0_5
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 6) = merge(scale * qk_0_6, neg_inf, M(6*i_tile*n + 16*j_tile + 6) > 0.0_c_float)
+      min(64, n) + 6) = scale * qk_0_6
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 7) = merge(scale * qk_0_7, neg_inf, M(6*i_tile*n + 16*j_tile + 7) > 0.0_c_float)
+      min(64, n) + 7) = scale * qk_0_7
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 8) = merge(scale * qk_0_8, neg_inf, M(6*i_tile*n + 16*j_tile + 8) > 0.0_c_float)
+      min(64, n) + 8) = scale * qk_0_8
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 9) = merge(scale * qk_0_9, neg_inf, M(6*i_tile*n + 16*j_tile + 9) > 0.0_c_float)
+      min(64, n) + 9) = scale * qk_0_9
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 10) = merge(scale * qk_0_10, neg_inf, M(6*i_tile*n + 16*j_tile + 10) > &
-          & 0.0_c_float)
+      min(64, n) + 10) = scale * qk_0_10
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 11) = merge(scale * qk_0_11, neg_inf, M(6*i_tile*n + 16*j_tile + 11) > &
-          & 0.0_c_float)
+      min(64, n) + 11) = scale * qk_0_11
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 12) = merge(scale * qk_0_12, neg_inf, M(6*i_tile*n + 16*j_tile + 12) > &
-          & 0.0_c_float)
+      min(64, n) + 12) = scale * qk_0_12
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 13) = merge(scale * qk_0_13, neg_inf, M(6*i_tile*n + 16*j_tile + 13) > &
-          & 0.0_c_float)
+      min(64, n) + 13) = scale * qk_0_13
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 14) = merge(scale * qk_0_14, neg_inf, M(6*i_tile*n + 16*j_tile + 14) > &
-          & 0.0_c_float)
+      min(64, n) + 14) = scale * qk_0_14
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
-      min(64, n) + 15) = merge(scale * qk_0_15, neg_inf, M(6*i_tile*n + 16*j_tile + 15) > &
-          & 0.0_c_float)
+      min(64, n) + 15) = scale * qk_0_15
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n)) = merge(scale * qk_1_0, neg_inf, M(16*j_tile + n*(6*i_tile + 1)) > 0.0_c_float)
+      )*min(64, n)) = scale * qk_1_0
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 1) = merge(scale * qk_1_1, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 1) > &
-          & 0.0_c_float)
+      )*min(64, n) + 1) = scale * qk_1_1
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 2) = merge(scale * qk_1_2, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 2) > &
-          & 0.0_c_float)
+      )*min(64, n) + 2) = scale * qk_1_2
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 3) = merge(scale * qk_1_3, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 3) > &
-          & 0.0_c_float)
+      )*min(64, n) + 3) = scale * qk_1_3
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 4) = merge(scale * qk_1_4, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 4) > &
-          & 0.0_c_float)
+      )*min(64, n) + 4) = scale * qk_1_4
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 5) = merge(scale * qk_1_5, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 5) > &
-          & 0.0_c_float)
+      )*min(64, n) + 5) = scale * qk_1_5
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 6) = merge(scale * qk_1_6, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 6) > &
-          & 0.0_c_float)
+      )*min(64, n) + 6) = scale * qk_1_6
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 7) = merge(scale * qk_1_7, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 7) > &
-          & 0.0_c_float)
+      )*min(64, n) + 7) = scale * qk_1_7
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 8) = merge(scale * qk_1_8, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 8) > &
-          & 0.0_c_float)
+      )*min(64, n) + 8) = scale * qk_1_8
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 9) = merge(scale * qk_1_9, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 9) > &
-          & 0.0_c_float)
+      )*min(64, n) + 9) = scale * qk_1_9
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 10) = merge(scale * qk_1_10, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 10) > &
-          & 0.0_c_float)
+      )*min(64, n) + 10) = scale * qk_1_10
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 11) = merge(scale * qk_1_11, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 11) > &
-          & 0.0_c_float)
+      )*min(64, n) + 11) = scale * qk_1_11
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 12) = merge(scale * qk_1_12, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 12) > &
-          & 0.0_c_float)
+      )*min(64, n) + 12) = scale * qk_1_12
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 13) = merge(scale * qk_1_13, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 13) > &
-          & 0.0_c_float)
+      )*min(64, n) + 13) = scale * qk_1_13
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 14) = merge(scale * qk_1_14, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 14) > &
-          & 0.0_c_float)
+      )*min(64, n) + 14) = scale * qk_1_14
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
-      )*min(64, n) + 15) = merge(scale * qk_1_15, neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 15) > &
-          & 0.0_c_float)
+      )*min(64, n) + 15) = scale * qk_1_15
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n)) = merge(scale * qk_2_0, neg_inf, M(16*j_tile + n*(6*i_tile + 2)) > 0.0_c_float)
+      )*min(64, n)) = scale * qk_2_0
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 1) = merge(scale * qk_2_1, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 1) > &
-          & 0.0_c_float)
+      )*min(64, n) + 1) = scale * qk_2_1
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 2) = merge(scale * qk_2_2, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 2) > &
-          & 0.0_c_float)
+      )*min(64, n) + 2) = scale * qk_2_2
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 3) = merge(scale * qk_2_3, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 3) > &
-          & 0.0_c_float)
+      )*min(64, n) + 3) = scale * qk_2_3
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 4) = merge(scale * qk_2_4, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 4) > &
-          & 0.0_c_float)
+      )*min(64, n) + 4) = scale * qk_2_4
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 5) = merge(scale * qk_2_5, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 5) > &
-          & 0.0_c_float)
+      )*min(64, n) + 5) = scale * qk_2_5
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 6) = merge(scale * qk_2_6, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 6) > &
-          & 0.0_c_float)
+      )*min(64, n) + 6) = scale * qk_2_6
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 7) = merge(scale * qk_2_7, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 7) > &
-          & 0.0_c_float)
+      )*min(64, n) + 7) = scale * qk_2_7
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 8) = merge(scale * qk_2_8, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 8) > &
-          & 0.0_c_float)
+      )*min(64, n) + 8) = scale * qk_2_8
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 9) = merge(scale * qk_2_9, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 9) > &
-          & 0.0_c_float)
+      )*min(64, n) + 9) = scale * qk_2_9
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 10) = merge(scale * qk_2_10, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 10) > &
-          & 0.0_c_float)
+      )*min(64, n) + 10) = scale * qk_2_10
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 11) = merge(scale * qk_2_11, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 11) > &
-          & 0.0_c_float)
+      )*min(64, n) + 11) = scale * qk_2_11
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 12) = merge(scale * qk_2_12, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 12) > &
-          & 0.0_c_float)
+      )*min(64, n) + 12) = scale * qk_2_12
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 13) = merge(scale * qk_2_13, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 13) > &
-          & 0.0_c_float)
+      )*min(64, n) + 13) = scale * qk_2_13
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 14) = merge(scale * qk_2_14, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 14) > &
-          & 0.0_c_float)
+      )*min(64, n) + 14) = scale * qk_2_14
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
-      )*min(64, n) + 15) = merge(scale * qk_2_15, neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 15) > &
-          & 0.0_c_float)
+      )*min(64, n) + 15) = scale * qk_2_15
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n)) = merge(scale * qk_3_0, neg_inf, M(16*j_tile + n*(6*i_tile + 3)) > 0.0_c_float)
+      )*min(64, n)) = scale * qk_3_0
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 1) = merge(scale * qk_3_1, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 1) > &
-          & 0.0_c_float)
+      )*min(64, n) + 1) = scale * qk_3_1
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 2) = merge(scale * qk_3_2, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 2) > &
-          & 0.0_c_float)
+      )*min(64, n) + 2) = scale * qk_3_2
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 3) = merge(scale * qk_3_3, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 3) > &
-          & 0.0_c_float)
+      )*min(64, n) + 3) = scale * qk_3_3
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 4) = merge(scale * qk_3_4, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 4) > &
-          & 0.0_c_float)
+      )*min(64, n) + 4) = scale * qk_3_4
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 5) = merge(scale * qk_3_5, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 5) > &
-          & 0.0_c_float)
+      )*min(64, n) + 5) = scale * qk_3_5
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 6) = merge(scale * qk_3_6, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 6) > &
-          & 0.0_c_float)
+      )*min(64, n) + 6) = scale * qk_3_6
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 7) = merge(scale * qk_3_7, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 7) > &
-          & 0.0_c_float)
+      )*min(64, n) + 7) = scale * qk_3_7
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 8) = merge(scale * qk_3_8, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 8) > &
-          & 0.0_c_float)
+      )*min(64, n) + 8) = scale * qk_3_8
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 9) = merge(scale * qk_3_9, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 9) > &
-          & 0.0_c_float)
+      )*min(64, n) + 9) = scale * qk_3_9
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 10) = merge(scale * qk_3_10, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 10) > &
-          & 0.0_c_float)
+      )*min(64, n) + 10) = scale * qk_3_10
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 11) = merge(scale * qk_3_11, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 11) > &
-          & 0.0_c_float)
+      )*min(64, n) + 11) = scale * qk_3_11
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 12) = merge(scale * qk_3_12, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 12) > &
-          & 0.0_c_float)
+      )*min(64, n) + 12) = scale * qk_3_12
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 13) = merge(scale * qk_3_13, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 13) > &
-          & 0.0_c_float)
+      )*min(64, n) + 13) = scale * qk_3_13
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 14) = merge(scale * qk_3_14, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 14) > &
-          & 0.0_c_float)
+      )*min(64, n) + 14) = scale * qk_3_14
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
-      )*min(64, n) + 15) = merge(scale * qk_3_15, neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 15) > &
-          & 0.0_c_float)
+      )*min(64, n) + 15) = scale * qk_3_15
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n)) = merge(scale * qk_4_0, neg_inf, M(16*j_tile + n*(6*i_tile + 4)) > 0.0_c_float)
+      )*min(64, n)) = scale * qk_4_0
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 1) = merge(scale * qk_4_1, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 1) > &
-          & 0.0_c_float)
+      )*min(64, n) + 1) = scale * qk_4_1
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 2) = merge(scale * qk_4_2, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 2) > &
-          & 0.0_c_float)
+      )*min(64, n) + 2) = scale * qk_4_2
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 3) = merge(scale * qk_4_3, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 3) > &
-          & 0.0_c_float)
+      )*min(64, n) + 3) = scale * qk_4_3
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 4) = merge(scale * qk_4_4, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 4) > &
-          & 0.0_c_float)
+      )*min(64, n) + 4) = scale * qk_4_4
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 5) = merge(scale * qk_4_5, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 5) > &
-          & 0.0_c_float)
+      )*min(64, n) + 5) = scale * qk_4_5
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 6) = merge(scale * qk_4_6, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 6) > &
-          & 0.0_c_float)
+      )*min(64, n) + 6) = scale * qk_4_6
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 7) = merge(scale * qk_4_7, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 7) > &
-          & 0.0_c_float)
+      )*min(64, n) + 7) = scale * qk_4_7
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 8) = merge(scale * qk_4_8, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 8) > &
-          & 0.0_c_float)
+      )*min(64, n) + 8) = scale * qk_4_8
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 9) = merge(scale * qk_4_9, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 9) > &
-          & 0.0_c_float)
+      )*min(64, n) + 9) = scale * qk_4_9
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 10) = merge(scale * qk_4_10, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 10) > &
-          & 0.0_c_float)
+      )*min(64, n) + 10) = scale * qk_4_10
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 11) = merge(scale * qk_4_11, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 11) > &
-          & 0.0_c_float)
+      )*min(64, n) + 11) = scale * qk_4_11
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 12) = merge(scale * qk_4_12, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 12) > &
-          & 0.0_c_float)
+      )*min(64, n) + 12) = scale * qk_4_12
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 13) = merge(scale * qk_4_13, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 13) > &
-          & 0.0_c_float)
+      )*min(64, n) + 13) = scale * qk_4_13
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 14) = merge(scale * qk_4_14, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 14) > &
-          & 0.0_c_float)
+      )*min(64, n) + 14) = scale * qk_4_14
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
-      )*min(64, n) + 15) = merge(scale * qk_4_15, neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 15) > &
-          & 0.0_c_float)
+      )*min(64, n) + 15) = scale * qk_4_15
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n)) = merge(scale * qk_5_0, neg_inf, M(16*j_tile + n*(6*i_tile + 5)) > 0.0_c_float)
+      )*min(64, n)) = scale * qk_5_0
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 1) = merge(scale * qk_5_1, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 1) > &
-          & 0.0_c_float)
+      )*min(64, n) + 1) = scale * qk_5_1
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 2) = merge(scale * qk_5_2, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 2) > &
-          & 0.0_c_float)
+      )*min(64, n) + 2) = scale * qk_5_2
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 3) = merge(scale * qk_5_3, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 3) > &
-          & 0.0_c_float)
+      )*min(64, n) + 3) = scale * qk_5_3
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 4) = merge(scale * qk_5_4, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 4) > &
-          & 0.0_c_float)
+      )*min(64, n) + 4) = scale * qk_5_4
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 5) = merge(scale * qk_5_5, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 5) > &
-          & 0.0_c_float)
+      )*min(64, n) + 5) = scale * qk_5_5
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 6) = merge(scale * qk_5_6, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 6) > &
-          & 0.0_c_float)
+      )*min(64, n) + 6) = scale * qk_5_6
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 7) = merge(scale * qk_5_7, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 7) > &
-          & 0.0_c_float)
+      )*min(64, n) + 7) = scale * qk_5_7
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 8) = merge(scale * qk_5_8, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 8) > &
-          & 0.0_c_float)
+      )*min(64, n) + 8) = scale * qk_5_8
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 9) = merge(scale * qk_5_9, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 9) > &
-          & 0.0_c_float)
+      )*min(64, n) + 9) = scale * qk_5_9
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 10) = merge(scale * qk_5_10, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 10) > &
-          & 0.0_c_float)
+      )*min(64, n) + 10) = scale * qk_5_10
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 11) = merge(scale * qk_5_11, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 11) > &
-          & 0.0_c_float)
+      )*min(64, n) + 11) = scale * qk_5_11
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 12) = merge(scale * qk_5_12, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 12) > &
-          & 0.0_c_float)
+      )*min(64, n) + 12) = scale * qk_5_12
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 13) = merge(scale * qk_5_13, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 13) > &
-          & 0.0_c_float)
+      )*min(64, n) + 13) = scale * qk_5_13
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 14) = merge(scale * qk_5_14, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 14) > &
-          & 0.0_c_float)
+      )*min(64, n) + 14) = scale * qk_5_14
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
-      )*min(64, n) + 15) = merge(scale * qk_5_15, neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 15) > &
-          & 0.0_c_float)
+      )*min(64, n) + 15) = scale * qk_5_15
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n)) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + &
+          & r))* &
+      min(64, n)), neg_inf, M(6*i_tile*n + 16*j_tile) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 1) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 1), neg_inf, M(6*i_tile*n + 16*j_tile + 1) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 2) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 2), neg_inf, M(6*i_tile*n + 16*j_tile + 2) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 3) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 3), neg_inf, M(6*i_tile*n + 16*j_tile + 3) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 4) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 4), neg_inf, M(6*i_tile*n + 16*j_tile + 4) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 5) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 5), neg_inf, M(6*i_tile*n + 16*j_tile + 5) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 6) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 6), neg_inf, M(6*i_tile*n + 16*j_tile + 6) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 7) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 7), neg_inf, M(6*i_tile*n + 16*j_tile + 7) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 8) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 8), neg_inf, M(6*i_tile*n + 16*j_tile + 8) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 9) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 9), neg_inf, M(6*i_tile*n + 16*j_tile + 9) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 10) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 10), neg_inf, M(6*i_tile*n + 16*j_tile + 10) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 11) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 11), neg_inf, M(6*i_tile*n + 16*j_tile + 11) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 12) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 12), neg_inf, M(6*i_tile*n + 16*j_tile + 12) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 13) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 13), neg_inf, M(6*i_tile*n + 16*j_tile + 13) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 14) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 14), neg_inf, M(6*i_tile*n + 16*j_tile + 14) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))* &
+      min(64, n) + 15) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + &
+          & g) + r))* &
+      min(64, n) + 15), neg_inf, M(6*i_tile*n + 16*j_tile + 15) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n)) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) &
+          & + r) + 1 &
+      )*min(64, n)), neg_inf, M(16*j_tile + n*(6*i_tile + 1)) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 1) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 1), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 1) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 2) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 2), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 2) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 3) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 3), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 3) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 4) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 4), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 4) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 5) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 5), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 5) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 6) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 6), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 6) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 7) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 7), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 7) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 8) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 8), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 8) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 9) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 9), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 9) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 10) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 10), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 10) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 11) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 11), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 11) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 12) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 12), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 12) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 13) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 13), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 13) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 14) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 14), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 14) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1 &
+      )*min(64, n) + 15) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 1 &
+      )*min(64, n) + 15), neg_inf, M(16*j_tile + n*(6*i_tile + 1) + 15) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n)) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) &
+          & + r) + 2 &
+      )*min(64, n)), neg_inf, M(16*j_tile + n*(6*i_tile + 2)) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 1) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 1), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 1) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 2) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 2), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 2) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 3) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 3), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 3) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 4) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 4), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 4) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 5) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 5), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 5) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 6) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 6), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 6) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 7) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 7), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 7) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 8) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 8), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 8) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 9) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 9), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 9) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 10) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 10), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 10) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 11) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 11), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 11) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 12) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 12), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 12) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 13) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 13), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 13) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 14) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 14), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 14) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2 &
+      )*min(64, n) + 15) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 2 &
+      )*min(64, n) + 15), neg_inf, M(16*j_tile + n*(6*i_tile + 2) + 15) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n)) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) &
+          & + r) + 3 &
+      )*min(64, n)), neg_inf, M(16*j_tile + n*(6*i_tile + 3)) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 1) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 1), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 1) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 2) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 2), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 2) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 3) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 3), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 3) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 4) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 4), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 4) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 5) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 5), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 5) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 6) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 6), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 6) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 7) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 7), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 7) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 8) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 8), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 8) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 9) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 9), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 9) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 10) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 10), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 10) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 11) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 11), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 11) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 12) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 12), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 12) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 13) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 13), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 13) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 14) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 14), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 14) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3 &
+      )*min(64, n) + 15) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 3 &
+      )*min(64, n) + 15), neg_inf, M(16*j_tile + n*(6*i_tile + 3) + 15) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n)) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) &
+          & + r) + 4 &
+      )*min(64, n)), neg_inf, M(16*j_tile + n*(6*i_tile + 4)) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 1) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 1), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 1) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 2) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 2), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 2) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 3) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 3), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 3) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 4) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 4), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 4) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 5) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 5), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 5) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 6) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 6), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 6) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 7) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 7), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 7) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 8) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 8), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 8) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 9) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 9), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 9) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 10) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 10), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 10) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 11) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 11), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 11) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 12) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 12), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 12) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 13) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 13), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 13) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 14) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 14), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 14) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4 &
+      )*min(64, n) + 15) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 4 &
+      )*min(64, n) + 15), neg_inf, M(16*j_tile + n*(6*i_tile + 4) + 15) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n)) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) &
+          & + r) + 5 &
+      )*min(64, n)), neg_inf, M(16*j_tile + n*(6*i_tile + 5)) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 1) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 1), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 1) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 2) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 2), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 2) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 3) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 3), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 3) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 4) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 4), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 4) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 5) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 5), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 5) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 6) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 6), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 6) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 7) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 7), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 7) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 8) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 8), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 8) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 9) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 9), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 9) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 10) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 10), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 10) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 11) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 11), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 11) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 12) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 12), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 12) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 13) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 13), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 13) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 14) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 14), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 14) > 0)
+                probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5 &
+      )*min(64, n) + 15) = merge(probs(-64*j_blk + 16*j_tile + (6*i_tile + n_q*(group*(b*kv_heads &
+          & + g) + r) + 5 &
+      )*min(64, n) + 15), neg_inf, M(16*j_tile + n*(6*i_tile + 5) + 15) > 0)
               end do
               do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
                 K_row = d*(j + n*(b*kv_heads + g))
@@ -2145,17 +2605,17 @@ contains
                       & K(K_row + c)
                 end do
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
-                    & merge(scale * qk_0, neg_inf, M(6*i_tile*n + j) > 0.0_c_float)
+                    & merge(scale * qk_0, neg_inf, M(6*i_tile*n + j) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)*min(64, &
-      n)) = merge(scale * qk_1, neg_inf, M(j + n*(6*i_tile + 1)) > 0.0_c_float)
+      n)) = merge(scale * qk_1, neg_inf, M(j + n*(6*i_tile + 1)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)*min(64, &
-      n)) = merge(scale * qk_2, neg_inf, M(j + n*(6*i_tile + 2)) > 0.0_c_float)
+      n)) = merge(scale * qk_2, neg_inf, M(j + n*(6*i_tile + 2)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)*min(64, &
-      n)) = merge(scale * qk_3, neg_inf, M(j + n*(6*i_tile + 3)) > 0.0_c_float)
+      n)) = merge(scale * qk_3, neg_inf, M(j + n*(6*i_tile + 3)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*min(64, &
-      n)) = merge(scale * qk_4, neg_inf, M(j + n*(6*i_tile + 4)) > 0.0_c_float)
+      n)) = merge(scale * qk_4, neg_inf, M(j + n*(6*i_tile + 4)) > 0)
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*min(64, &
-      n)) = merge(scale * qk_5, neg_inf, M(j + n*(6*i_tile + 5)) > 0.0_c_float)
+      n)) = merge(scale * qk_5, neg_inf, M(j + n*(6*i_tile + 5)) > 0)
               end do
               block_max_0 = neg_inf
               block_max_1 = neg_inf
@@ -2969,7 +3429,7 @@ contains
                   qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
                 end do
                 probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
-                    & merge(scale * qk, neg_inf, M(i*n + j) > 0.0_c_float)
+                    & merge(scale * qk, neg_inf, M(i*n + j) > 0)
               end do
               block_max = neg_inf
               !$omp simd reduction(max:block_max)
