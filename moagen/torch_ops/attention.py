@@ -188,22 +188,21 @@ def _kernel_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tens
         full = (full[0], *full[2:])
         attn_mask = attn_mask[:, 0]
     # no branch on whether every row sees a key, which torch.compile could not trace
-    by_batch = len(full) == 3
-    if attn_mask.dtype == torch.bool and len(full) < 4:  # read as it is, a byte a key
-        seen = attn_mask.any(-1, keepdim=True)
-        return (attn_mask | ~seen).expand(full).contiguous(), \
-            seen.unsqueeze(1) if by_batch else seen
-    # a boolean mask made a float one in one pass, the rest on booleans: it is as large as
-    # the scores (float32, n 4096, 8 heads, 1 thread: 157 -> 92 ms of a 721 ms masked call)
     if attn_mask.dtype == torch.bool:
         seen = attn_mask.any(-1, keepdim=True)
-        zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
-                        for x in (0.0, float("-inf")))
-        mask = torch.where(attn_mask | ~seen, zero, hidden)
+        shown = attn_mask | ~seen
+        if len(full) < 4:  # the `_bool2d` kernels read its bytes: no float mask made
+            mask = shown
+        else:  # made a float one in one pass: it is as large as the scores (float32, n 4096,
+            # 8 heads, 1 thread: 157 -> 92 ms of a 721 ms masked call)
+            zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
+                            for x in (0.0, float("-inf")))
+            mask = torch.where(shown, zero, hidden)
     else:
         mask = attn_mask.to(q.dtype)
         seen = (mask > float("-inf")).any(-1, keepdim=True)
         mask = mask.masked_fill(~seen, 0)
+    by_batch = len(full) == 3
     return mask.expand(full).contiguous(), seen.unsqueeze(1) if by_batch else seen
 
 
