@@ -61,13 +61,13 @@ def _heads_mask(M):
 
 
 def sdpa_gqa_masked(Q, K, V, M, scale):
-    """O only, as sdpa_gqa, the mask M (grouped, or shared by every head) as SDPA's float
-    attn_mask."""
+    """O only, as sdpa_gqa, the mask M (grouped, or shared by every head) as SDPA's
+    attn_mask: float (added), or bool (True: the key is seen)."""
     return sdpa(Q.flatten(1, 2), K, V, scale, enable_gqa=True, mask=_heads_mask(M)).view(Q.shape)
 
 
 def sdpa_gqa_masked_bwd(Q, K, V, M, O, dO, lse, scale):
-    """dQ, dK, dV as sdpa_gqa_bwd, under the float attn_mask M."""
+    """dQ, dK, dV as sdpa_gqa_bwd, under the attn_mask M (float or bool)."""
     _, dq, dk, dv = _attention_grads(Q.flatten(1, 2), K, V, dO.flatten(1, 2), scale, False,
                                      True, mask=_heads_mask(M))
     return dq.view(Q.shape), dk, dv

@@ -48,17 +48,23 @@ class Row:
         return self.status.startswith("FAIL")
 
 
+# the inputs drawn at random, by element type: floats normal, bools (masks) true where the
+# normal draw is above -0.5 (about seven in ten)
+DRAWN = {"": lambda draw: draw, "bool": lambda draw: draw > -0.5}
+
+
 def make_inputs(sig, sizes, scalars, check, rng):
     """The kernel's inputs at these sizes: its float ones in its dtype, random normal, then
     made consistent by its check (in float64) where inputs depend on each other; its
     integer ones (offsets) as its check's `integers` gives them at these sizes."""
     env = {s: sizes[s.name] for s in sig.sizes if s.name in sizes}  # a chosen one shapes no input
-    floats = [a for a in sig.inputs if not a.element]
-    arrays = {a.name: rng.standard_normal(tuple(int(dim.subs(env)) for dim in a.shape))
-              for a in floats}
+    drawn = [a for a in sig.inputs if a.element in DRAWN]
+    arrays = {a.name: DRAWN[a.element](rng.standard_normal(tuple(int(dim.subs(env))
+                                                                  for dim in a.shape)))
+              for a in drawn}
     if check.inputs:
         arrays = check.inputs(arrays, scalars)
-    if len(floats) < len(sig.inputs):
+    if len(drawn) < len(sig.inputs):
         if check.integers is None:
             raise ValueError(f"{sig.name}: its integer inputs need its Check's `integers`")
         arrays.update(check.integers(sizes))

@@ -50,3 +50,10 @@ def test_bench_memory_checks_every_name_before_running_any(capsys):
     assert main(["bench", "memory", "--kernels", "attention_fwd:dnf", "attention_fwd:tiled"]) == 2
     err = capsys.readouterr().err
     assert "no variant 'tiled'" in err and "measuring" not in err
+
+
+def test_a_kernel_with_a_bool_mask_is_measured():
+    """Its mask made of the mask's element type (bool), not the kernel's float."""
+    sizes = dict(batch=1, kv_heads=2, group=2, n_q=64, n=256, d=16)
+    record = memory.measure("attention_cross_fwd_bool2d", "flash", sizes)
+    assert record.peak_kib > 0 and record.seconds > 0

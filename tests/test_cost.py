@@ -36,12 +36,12 @@ TINY = {"attention_decode": dict(batch=1, q_heads=4, kv_heads=2, cap=20, d=3, n=
            for k in ("attention_gqa_fwd", "attention_gqa_fwd_causal", "attention_gqa_bwd",
                      "attention_gqa_bwd_causal")},
         # fewer queries than keys, causal bottom-right (offset n - n_q), masked (each batch
-        # and head its mask, or one shared), or padded
+        # and head its mask, or one shared, float or bool), or padded
         **{k + c: dict(batch=1, kv_heads=1, group=2, n_q=5, n=16, d=3,
                        **({"offset": 11} if c == "_causal" else {}),
                        **({"last": 9} if c == "_padded" else {}))
            for k in ("attention_cross_fwd", "attention_cross_bwd")
-           for c in ("", "_causal", "_masked", "_masked2d", "_padded")},
+           for c in ("", "_causal", "_masked", "_masked2d", "_bool2d", "_padded")},
         **{f"attention_dropout_{k}": dict(batch=1, kv_heads=1, group=2, n=16, d=3, seed=5)
            for k in ("fwd", "bwd", "fwd_causal", "bwd_causal")},
         "kv_append": dict(batch=2, kv_heads=2, cap=5, d=3, n=3),

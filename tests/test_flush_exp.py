@@ -54,8 +54,8 @@ def test_every_exp_flushed_and_a_masked_softmax_kept():
 
 
 def test_the_masked_flash_kernels_flush_on_a_cpu_only():
-    for kernel in ("attention_cross_fwd_masked", "attention_cross_fwd_masked2d",
-                   "attention_cross_bwd_masked", "attention_cross_bwd_masked2d"):
+    for kernel in (f"attention_cross_{kind}_{mask}" for kind in ("fwd", "bwd")
+                   for mask in ("masked", "masked2d", "bool2d")):
         functions = _functions(onf_of(kernel, "flash"))
         assert "exp_flushed" in functions and "exp" not in functions
         assert "exp_flushed" not in _functions(onf_of(kernel, "flash", target="cuda"))

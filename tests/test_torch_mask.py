@@ -95,23 +95,33 @@ def test_wholly_masked_rows_are_zeros_without_gradient(kind):
     assert dq[hidden].eq(0).all()
 
 
+@pytest.mark.parametrize("kind", ["bool", "float"])
 @pytest.mark.parametrize("shape, kernel", [
-    ((7, 70), "masked2d"), ((1, 1, 7, 70), "masked2d"), ((1, 70), "masked2d"),
-    ((2, 1, 7, 70), "masked2d"), ((2, 4, 7, 70), "masked"), ((1, 4, 7, 70), "masked")])
-def test_masks_take_the_flash_kernels(monkeypatch, shape, kernel):
-    """A mask shared by every batch and head runs the `_masked2d` flash kernels on one
-    (n_q, n) array, one a batch shared by its heads the same a call a batch (batch 2: two
-    forwards, then two backwards); one per head the `_masked` ones on the full shape."""
+    ((7, 70), "2d"), ((1, 1, 7, 70), "2d"), ((1, 70), "2d"), ((2, 1, 7, 70), "2d"),
+    ((2, 4, 7, 70), "masked"), ((1, 4, 7, 70), "masked")])
+def test_masks_take_the_flash_kernels(monkeypatch, shape, kernel, kind):
+    """A mask shared by every batch and head runs the flash kernels on one (n_q, n) array:
+    a boolean one the `_bool2d` kernels on its bytes (a bool tensor, no float mask made), a
+    float one the `_masked2d` ones; one a batch shared by its heads the same a call a batch
+    (batch 2: two forwards, then two backwards); one per head the `_masked` ones on the full
+    shape, a float mask of q's dtype."""
     calls = []
     call = attention_module.call
-    monkeypatch.setattr(attention_module, "call", lambda name, variant, *args, **kwargs: (
-        calls.append((name, variant)) or call(name, variant, *args, **kwargs)))
+
+    def counted(name, variant, lang, q, k, v, mask, *args, **kwargs):
+        # the mask passed as it is, or grouped: a (tensor, shape) pair
+        calls.append((name, variant, (mask[0] if isinstance(mask, tuple) else mask).dtype))
+        return call(name, variant, lang, q, k, v, mask, *args, **kwargs)
+    monkeypatch.setattr(attention_module, "call", counted)
     q, k, v = _randn(2, 4, 7, 5), _randn(2, 2, 70, 5), _randn(2, 2, 70, 5)
     seen = _seen(*shape) | (torch.arange(70) == 0)  # key 0 seen by every row
-    assert_sdpa(q, k, v, seen)
+    assert_sdpa(q, k, v, seen if kind == "bool" else _as_float(seen))
     calls_each = 2 if shape[:2] == (2, 1) else 1
-    assert calls == [(f"attention_cross_fwd_{kernel}", "flash")] * calls_each + \
-        [(f"attention_cross_bwd_{kernel}", "flash")] * calls_each
+    if kernel == "2d":
+        kernel = "bool2d" if kind == "bool" else "masked2d"
+    dtype = torch.bool if kernel == "bool2d" else F64
+    assert calls == [(f"attention_cross_fwd_{kernel}", "flash", dtype)] * calls_each + \
+        [(f"attention_cross_bwd_{kernel}", "flash", dtype)] * calls_each
 
 
 @pytest.mark.parametrize("dtype, rtol", [(F64, 1e-12), (torch.float32, 2e-5)])
@@ -178,3 +188,13 @@ def test_attention_refuses_a_mask_it_cannot_take(mask, causal, error):
     q = _randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match=error):
         mt.attention(q, _randn(1, 2, 5, 4), _randn(1, 2, 5, 4), mask, causal=causal)
+
+
+def test_the_operator_refuses_a_boolean_mask_not_shared():
+    """The `_bool2d` kernels take a boolean mask (n_q, n); one of the full shape reaches the
+    operator only as a float mask, and a boolean one of that shape is refused by name (the
+    custom op's check: the eager path's caller checked its arguments)."""
+    q, k = _randn(1, 2, 3, 4), _randn(1, 2, 5, 4)
+    with pytest.raises(ValueError, match=r"a boolean mask must have 2 dimensions \(n_q, n\)"):
+        attention_module.attention_op.custom_op(
+            q, k, k, torch.ones(1, 2, 3, 5, dtype=torch.bool), False, 0, -1, 0.5, "c")

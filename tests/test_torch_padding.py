@@ -87,7 +87,7 @@ def test_a_padding_mask_takes_the_padded_kernels_in_c_and_fortran(monkeypatch):
     not_a_prefix = mask.clone()
     not_a_prefix[0, 0, 0, 1] = False
     mt.attention(q, k, v, not_a_prefix)  # each batch's row shared by its heads: a call each
-    assert calls == [("attention_cross_fwd_masked2d", "flash", None)] * 3
+    assert calls == [("attention_cross_fwd_bool2d", "flash", None)] * 3
 
 
 @pytest.mark.parametrize("lengths, message", [

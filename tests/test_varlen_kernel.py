@@ -158,7 +158,7 @@ def test_what_cannot_take_offsets_refuses_them_by_name():
         grad(spec)
     Q, K, V, cu_q, cu_k = _batch((2,), (3,))
     arrays = dict(Q=Q, K=K, V=V, cu_q=cu_q, cu_k=cu_k)
-    with pytest.raises(SpecError, match="float inputs only, not cu_q, cu_k"):
+    with pytest.raises(SpecError, match="float and bool inputs only, not cu_q, cu_k"):
         run_onf(onf_of(KERNEL, "dnf"), arrays, {"scale": 0.5})
-    with pytest.raises(SpecError, match="float inputs only, not cu_q, cu_k"):
+    with pytest.raises(SpecError, match="float and bool inputs only, not cu_q, cu_k"):
         evaluate_dnf(psi_reduce(spec), arrays, {"scale": 0.5})

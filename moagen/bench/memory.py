@@ -93,8 +93,8 @@ def _measure_here(kernel, variant, lang, dtype, sizes) -> dict:
     shape = lambda param: tuple(int(dim.subs(env)) for dim in param.shape)
     rng = np.random.default_rng(0)
     # the values do not change what memory is used: random, even where a backward would
-    # want its forward's O and lse
-    inputs = [rng.standard_normal(shape(p)).astype(dtype) for p in sig.inputs]
+    # want its forward's O and lse; each input of its own element type (a bool mask's)
+    inputs = [rng.standard_normal(shape(p)).astype(p.dtype(dtype)) for p in sig.inputs]
     outputs = tuple(np.ones(shape(p), dtype) for p in sig.outputs)  # resident before the call
     scalars = get_kernel(kernel).check.scalars(sizes)
     with open("/proc/self/clear_refs", "w") as clear:

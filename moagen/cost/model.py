@@ -1,6 +1,6 @@
 """F, M, scratch and atomics of one kernel variant, derived from the ONF it emits, as sympy
 expressions in the kernel's sizes, and as numbers for given sizes."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Dict, Tuple
 
@@ -47,6 +47,8 @@ class Cost:
     assumptions: Tuple[str, ...]  # what the symbolic counts assume of the sizes
     # (size, choose(sizes, sms)): the sizes a binding chooses where a call gives none
     chosen: Tuple[Tuple[str, Callable], ...] = ()
+    # the bytes an element of an input of its own element type (a bool mask's 1), by name
+    own_itemsize: Dict[str, int] = field(default_factory=dict)
 
     @property
     def itemsize(self) -> int:
@@ -63,12 +65,12 @@ class Cost:
     @property
     def M(self) -> sympy.Expr:
         """Bytes moved between main memory and the cache, under CACHE_ASSUMPTION."""
-        return _bytes(self.traffic, self.itemsize)
+        return _bytes(self.traffic, self.itemsize, self.own_itemsize)
 
     @property
     def M_min(self) -> sympy.Expr:
         """Bytes moved with an infinite cache: the series' M."""
-        return _bytes(self.minimum, self.itemsize)
+        return _bytes(self.minimum, self.itemsize, self.own_itemsize)
 
     @property
     def scratch_bytes(self) -> sympy.Expr:
@@ -98,9 +100,9 @@ class Cost:
         return {s: given[s.name] for s in self.sizes}
 
 
-def _bytes(per_array, itemsize):
-    return sympy.factor(itemsize * sum((m.read + m.written for m in per_array.values()),
-                                       sympy.Integer(0)))
+def _bytes(per_array, itemsize, own_itemsize):
+    return sympy.factor(sum(((m.read + m.written) * own_itemsize.get(name, itemsize)
+                             for name, m in per_array.items()), sympy.Integer(0)))
 
 
 def value(expr, env: Dict[sympy.Symbol, int]):
@@ -152,7 +154,9 @@ def _predict(kernel, variant, dtype, params) -> Cost:
                 minimum=_each_element_once(minimum_traffic(view.nests), view.elements),
                 scratch={b.name: sympy.Mul(*b.shape) for b in onf.temps},
                 atomics=atomic_updates(view.nests), working_set=_largest(working_set(view.nests)),
-                assumptions=view.assumptions, chosen=onf.chosen)
+                assumptions=view.assumptions, chosen=onf.chosen,
+                own_itemsize={b.name: np.dtype(b.element).itemsize for b in onf.inputs
+                              if b.element})
 
 
 def _largest(candidates) -> sympy.Expr:

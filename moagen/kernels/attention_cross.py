@@ -17,7 +17,9 @@ the scaled scores, as SDPA's float attn_mask (a boolean mask is 0 where a key is
 where not); `_masked2d`: one M of shape (n_q, n) for every batch and head (SDPA's
 attn_mask of shape (n_q, n) or (1, 1, n_q, n), never copied per head). A row M masks
 wholly gives 0 / 0, as the softmax does; SDPA gives such rows zeros, which
-moagen.torch_ops.attention gives them. M takes no gradient. Their flash forms add M's
+moagen.torch_ops.attention gives them. `_bool2d`: M (n_q, n) of bools, shared as
+`_masked2d`'s, read a byte an element (SDPA's boolean attn_mask as torch stores it): the
+score kept where M is true, -inf where not. M takes no gradient. Their flash forms add M's
 tile to the score tile, read in place; any block may hold none of a row's keys
 (OnlineSoftmax's unseen), so none is skipped; on a CPU their exponentials, forward and
 backward, are flushed (FlushExp), so that the masked keys' -inf keep the vector exp on its
@@ -39,7 +41,7 @@ from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.attention_bwd import Rows, forward_of
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
-from moagen.moa.expr import array, dim, drop, iota, lift, outer, psi, sym, where
+from moagen.moa.expr import array, dim, drop, flags, iota, lift, outer, psi, sym, where
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.loop.accumulate import Accumulate
@@ -52,6 +54,7 @@ K = array("K", "batch", "kv_heads", "n", "d")
 V = array("V", "batch", "kv_heads", "n", "d")
 M = array("M", "batch", "kv_heads", "group", "n_q", "n")
 SHARED_M = array("M", "n_q", "n")
+SHARED_FLAGS = flags("M", "n_q", "n")
 O = array("O", "batch", "kv_heads", "group", "n_q", "d")
 DO = array("dO", "batch", "kv_heads", "group", "n_q", "d")
 LSE = array("lse", "batch", "kv_heads", "group", "n_q")
@@ -81,11 +84,17 @@ def shared_mask(scores):
     return scores + SHARED_M
 
 
+def kept_mask(scores):
+    """The scores kept where one bool mask (n_q, n), shared by every batch and head, is
+    true; -inf where not."""
+    return where(SHARED_FLAGS, scores, float("-inf"))
+
+
 # the kinds of mask, by the suffix of their kernels' names
 MASKS = {"": None, "causal": shifted_mask, "masked": added_mask,
-         "masked2d": shared_mask, "padded": padded_mask}
-# the added masks' input
-ADDED = {"masked": M, "masked2d": SHARED_M}
+         "masked2d": shared_mask, "bool2d": kept_mask, "padded": padded_mask}
+# the masks read from an input, that input: added (floats) or kept (bools)
+ADDED = {"masked": M, "masked2d": SHARED_M, "bool2d": SHARED_FLAGS}
 # the sizes a mask's kernels are given at call time
 GIVEN = {"causal": ("offset",), "padded": ("last",)}
 
@@ -138,7 +147,7 @@ BACKWARD = Layers(
 # blocks all visited, the forward's max 0 in a row's blocks before its first key seen (the
 # backward's P from lse needs no max). (the forward's causal flag, the backward's)
 FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False),
-         "masked": (False, False), "masked2d": (False, False)}
+         "masked": (False, False), "masked2d": (False, False), "bool2d": (False, False)}
 
 
 def _variants(mask, backward):
@@ -191,9 +200,9 @@ def _grouped(M, Q, K):
 
 def _with_mask(reference_function):
     """A grouped reference taking the mask by keyword, called in the masked kernels' order
-    (M after Q, K and V)."""
+    (M after Q, K and V); a bool M as its float bias."""
     return lambda Q, K, V, M, *rest, **scalars: reference_function(
-        Q, K, V, *rest, mask=_grouped(M, Q, K), **scalars)
+        Q, K, V, *rest, mask=_grouped(bias(M) if M.dtype == bool else M, Q, K), **scalars)
 
 
 def masked_inputs(backward: bool):
@@ -212,6 +221,28 @@ def masked_inputs(backward: bool):
                 Q, K, V, mask=_grouped(M, Q, K), **scalars))))
         return dict(arrays, M=M)
     return consistent
+
+
+def kept_inputs(backward: bool):
+    """M as a bool mask (about seven keys in ten seen, as verify draws it) under the float
+    masks' rules (masked_inputs): every row sees a key (row i key i mod n), the last query
+    row its last key alone. The backward's O and lse from the numpy forward under it."""
+    def consistent(arrays, scalars):
+        M = arrays["M"].copy()
+        n_q, n = M.shape
+        M |= np.arange(n) == (np.arange(n_q) % n)[:, None]
+        M[-1] = np.arange(n) == n - 1
+        if backward:
+            Q, K, V = (arrays[a] for a in "QKV")
+            arrays = dict(arrays, **dict(zip(("O", "lse"), reference.attention_gqa_fwd_numpy(
+                Q, K, V, mask=_grouped(bias(M), Q, K), **scalars))))
+        return dict(arrays, M=M)
+    return consistent
+
+
+def bias(M):
+    """A bool mask as the float one the references add: 0 where seen, -inf where not."""
+    return np.where(M, 0.0, -np.inf)
 
 
 def padding_mask(Q, K, last):
@@ -258,14 +289,15 @@ for mask, sizes in (("", PLAIN_SIZES), ("causal", CAUSAL_SIZES)):
                         "enable_gqa=True), the forward recomputed (O, lse unused)",
         causal=causal)
 for mask in ADDED:
+    made = kept_inputs if ADDED[mask].element == "bool" else masked_inputs
     CHECKS[name(mask)] = Check(
         {key: _with_mask(f) for key, f in references(reference.attention_gqa_fwd_numpy,
                                                      reference.attention_gqa_fwd_torch).items()},
-        PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=False))
+        PLAIN_SIZES, softmax_scale, inputs=made(backward=False))
     CHECKS[name(mask, backward=True)] = Check(
         {key: _with_mask(f) for key, f in references(reference.attention_gqa_bwd_numpy,
                                                      reference.attention_gqa_bwd_torch).items()},
-        PLAIN_SIZES, softmax_scale, inputs=masked_inputs(backward=True))
+        PLAIN_SIZES, softmax_scale, inputs=made(backward=True))
     BENCH[name(mask)] = _bench(False).measured_against(
         "sdpa_gqa_masked", "O by F.scaled_dot_product_attention(enable_gqa=True, "
                            "attn_mask=M); no lse (SDPA returns none)", outputs=(0,))

@@ -95,6 +95,7 @@ class _Reducer:
                          | {i for o in spec.outputs for i in o.index})
         self.outputs = {o.name for o in spec.outputs}
         self.in_condition = False  # comparisons are values only inside a Where's condition
+        self.flags = {a.name for a in spec.inputs if a.element == "bool"}  # bool arrays: masks
         self.definitions: Dict[str, Definition] = {}  # temporaries and outputs, in order
 
     def define(self, definition: Definition):
@@ -116,6 +117,8 @@ class _Reducer:
     def psi(self, idx, node, env: Env) -> S.ScalarExpr:
         idx = tuple(idx)
         if isinstance(node, E.Array):
+            if node.name in self.flags and not self.in_condition:
+                raise SpecError(f"{node.name}: a bool array can only be a Where's condition")
             return S.Access(node.name, idx)
         if isinstance(node, E.Scalar):
             return S.Param(node.name)
@@ -160,10 +163,13 @@ class _Reducer:
             self.in_condition = True
             cond = self._operand(idx, node.cond, env)
             self.in_condition = False
+            if isinstance(cond, S.Access) and cond.array in self.flags:  # a mask's byte, 0 or 1
+                return S.IfGreater(cond, S.Num(0.0), self._operand(idx, node.then, env),
+                                   self._operand(idx, node.other, env))
             if not (isinstance(cond, S.Bin) and cond.op in E.COMPARISONS
                     and isinstance(cond.left, S.Dim) and isinstance(cond.right, S.Dim)):
-                raise SpecError("Where needs a comparison of indices (built from iota) as its "
-                                "condition")
+                raise SpecError("Where needs a comparison of indices (built from iota) or a bool "
+                                "array as its condition")
             relation = sympy.core.relational.Relational(cond.left.value, cond.right.value, cond.op)
             return S.Select(relation, self._operand(idx, node.then, env),
                             self._operand(idx, node.other, env))

@@ -129,14 +129,16 @@ def as_expr(value) -> Expr:
     raise SpecError(f"cannot use {value!r} ({type(value).__name__}) in a MoA expression")
 
 
-# the element types an input may have besides the kernel's float type ("": that one)
-ELEMENTS = ("", "int64")
+# the element types an input may have besides the kernel's float type ("": that one):
+# int64 (offsets), bool (a mask, one byte 0 or 1 an element as numpy and torch store it)
+ELEMENTS = ("", "int64", "bool")
 
 
 @dataclass(frozen=True)
 class Array(Expr):
-    """A named input array. element: "" (the kernel's float type) or "int64" (integers a
-    kernel reads as indices: a packed batch's offsets). offsets_into: for offsets, the
+    """A named input array. element: "" (the kernel's float type), "int64" (integers a
+    kernel reads as indices: a packed batch's offsets) or "bool" (a mask, read only as a
+    Where's condition). offsets_into: for offsets, the
     extent of the axis they cut into sequences (its first entry 0, each at least the one
     before, its last that extent: what the loaders check)."""
     name: str
@@ -199,8 +201,9 @@ class Dropout(Expr):
 @dataclass(frozen=True)
 class Where(Expr):
     """`then` where `cond` holds, else `other`; cond compares indices (built from iota), so
-    that it can become an index condition in the generated code. A shape-() condition
-    chooses between whole branches."""
+    that it can become an index condition in the generated code, or is a bool array (a
+    mask: its element read, true where nonzero). A shape-() condition chooses between
+    whole branches."""
     cond: Expr
     then: Expr
     other: Expr
@@ -377,6 +380,11 @@ def elements_read(e) -> set:
 
 def array(name: str, *shape) -> Array:
     return Array(name, tuple(as_dim(s) for s in shape))
+
+
+def flags(name: str, *shape) -> Array:
+    """A bool array: a mask, read as a Where's condition."""
+    return Array(name, tuple(as_dim(s) for s in shape), "bool")
 
 
 def dim(value) -> Dim:

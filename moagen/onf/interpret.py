@@ -81,18 +81,20 @@ def infer_sizes(buffers, arrays) -> dict:
     return sizes
 
 
-def _float_inputs_only(inputs):
+def _no_integer_inputs(inputs):
     """The interpreter's index functions evaluate sizes and loop indices, not an integer
-    input's entries (a varlen kernel's offsets): refused by name, not mis-evaluated."""
-    integer = [b.name for b in inputs if b.element]
+    input's entries (a varlen kernel's offsets): refused by name, not mis-evaluated. A bool
+    mask is a value, read as 0 or 1."""
+    integer = [b.name for b in inputs if b.element == "int64"]
     if integer:
-        raise SpecError(f"the interpreter takes float inputs only, not {', '.join(integer)} "
-                        "(integer arrays indexing the loops); build and run the kernel")
+        raise SpecError(f"the interpreter takes float and bool inputs only, not "
+                        f"{', '.join(integer)} (integer arrays indexing the loops); build and "
+                        "run the kernel")
 
 
 def evaluate_dnf(dnf, arrays: dict, scalars: dict) -> dict:
     """Every definition of the DNF (temporaries and outputs), by name, as float64 arrays."""
-    _float_inputs_only(dnf.spec.inputs)
+    _no_integer_inputs(dnf.spec.inputs)
     sizes = infer_sizes(dnf.spec.inputs, arrays)
     sizes.update({g: int(scalars[g]) for g in dnf.spec.given})
     store = {name: np.array(a, dtype=np.float64) for name, a in arrays.items()}
@@ -112,7 +114,7 @@ def evaluate_dnf(dnf, arrays: dict, scalars: dict) -> dict:
 def run_onf(onf, arrays: dict, scalars: dict) -> dict:
     """Execute the ONF sequentially (parallel marks ignored); the outputs by name, shaped
     as their buffers. Outputs start as NaN, so an element no statement writes shows."""
-    _float_inputs_only(onf.inputs)
+    _no_integer_inputs(onf.inputs)
     sizes = infer_sizes(onf.inputs, arrays)
     # sizes no input's shape gives (a KV cache's valid rows) come with the scalars
     sizes.update({s.name: int(scalars[s.name]) for s in onf.sizes if s.name not in sizes})

@@ -47,6 +47,7 @@ class Printer:
         self.row_scope = []  # the row offsets of the loops being printed, outermost first
         self.loop_vars = {lp.var for n in onf.nests for lp in walk(n.body) if isinstance(lp, Loop)}
         self.uses_keep = False  # whether a statement calls dropout's moagen_keep
+        self.masks = {a.name for a in self.sig.arrays if a.element == "bool"}
 
     # ---- statements -------------------------------------------------------------------
     def block(self, stmts, depth):
@@ -152,6 +153,8 @@ class Printer:
             return self.unary(e.fn, self.expr(e.arg), e.arg)
         if isinstance(e, S.Select):
             return self.select(self.index(e.cond), self.expr(e.then), self.expr(e.other))
+        if isinstance(e, S.IfGreater) and self._kept(e):
+            return self.kept(self.expr(e.then), self.expr(e.left))
         if isinstance(e, S.IfGreater):
             return self.select(f"{self.expr(e.left)} > {self.expr(e.right)}", self.expr(e.then),
                                self.expr(e.other))
@@ -219,6 +222,16 @@ class Printer:
     def keep(self, row, group, piece, seed, p) -> str:
         """Whether dropout keeps an element, a condition (a call of moagen_keep)."""
         raise NotImplementedError
+
+    def _kept(self, e) -> bool:
+        """Whether e is a value kept where a bool mask's byte is set, -inf where not (the
+        DNF's where(M, value, -inf): IfGreater(M, 0, value, -inf))."""
+        return (isinstance(e.left, S.Load) and e.left.array in self.masks
+                and e.right == S.Num(0.0) and e.other == S.Num(float("-inf")))
+
+    def kept(self, value, flag) -> str:
+        """value where the mask's byte flag is nonzero, else -inf."""
+        return self.select(f"{flag} > 0", value, self.number(float("-inf")))
 
     # ---- shared helpers -----------------------------------------------------------------
     def nest_comment(self, nest):

@@ -21,11 +21,12 @@ attention_decode kernel (`split`; `grouped` on a GPU) over all the keys.
 
 An attn_mask (SDPA's: boolean, True where a key is seen, or float, added to the scores;
 broadcastable to (batch, heads, n_q, n)) takes attention_cross's masked `flash` kernels,
-forward and backward, the mask made a float one of q's dtype (0 or -inf for a boolean one)
-once: `_masked2d` where it is shared by every batch and head (SDPA's common (n_q, n) or
+forward and backward. Where it is shared by every batch and head (SDPA's common (n_q, n) or
 (1, 1, n_q, n) masks: one (n_q, n) array, never copied per head) or by each batch's heads
-((batch, 1, n_q, n): a call a batch, each with its own), `_masked` with it expanded to the
-full shape otherwise. The kernels add the mask's tile to the score tile,
+((batch, 1, n_q, n): a call a batch, each with its own), a boolean one takes `_bool2d`,
+which reads its bytes (no float mask made), a float one `_masked2d`; otherwise `_masked`,
+the mask made a float one of q's dtype (0 or -inf for a boolean one) of the full shape.
+The kernels add the mask's tile to the score tile, or keep the scores where it is true,
 every key block visited (a mask is not known to hide whole blocks). A row the mask hides
 wholly gets SDPA's zeros and no gradient, as the bottom-right rows that see no key do.
 
@@ -64,13 +65,15 @@ def _kernel(kind: str, q: Tensor, k: Tensor, mask: Optional[Tensor], causal: boo
     """(kernel, variant, its schedule parameters, its given sizes) for the forward (kind
     "fwd") or the backward ("bwd"): the flash kernels, attention_gqa's where queries and keys
     are as many and the mask top-left, attention_cross's otherwise (offset: causal's, query
-    i sees keys j <= i + offset); under a float mask, attention_cross's `_masked2d` (a mask
-    (n_q, n) shared by every batch and head) or `_masked` (the full shape); last_key >= 0:
+    i sees keys j <= i + offset); under a mask, attention_cross's `_bool2d` (a boolean one
+    (n_q, n) shared by every batch and head), `_masked2d` (a float one so) or `_masked`
+    (the full shape); last_key >= 0:
     keys past it padded out, attention_cross's `_padded` (-1: none). The variant: the
     kernel's default where it runs, if its module names one (CUDA's forwards on tensor
     cores), else flash."""
     if mask is not None:
-        name = f"attention_cross_{kind}_{'masked2d' if mask.dim() == 2 else 'masked'}"
+        shared = "bool2d" if mask.dtype == torch.bool else "masked2d"
+        name = f"attention_cross_{kind}_{shared if mask.dim() == 2 else 'masked'}"
         causal, given = False, {}
     elif last_key >= 0:
         name = f"attention_cross_{kind}_padded"
@@ -96,7 +99,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: 
                offset: int, last_key: int, scale: float,
                lang: str) -> tuple[Tensor, Tensor]:
     """O and the row logsumexp (kept for the backward); mask: a float mask of q's dtype of
-    shape (batch, heads, n_q, n) or (n_q, n) (shared by every batch and head), or None;
+    shape (batch, heads, n_q, n), a float or boolean one (n_q, n) (shared by every batch and
+    head), or None;
     last_key: the last key seen (-1: every key)."""
     name, variant, params, given = _kernel("fwd", q, k, mask, causal, offset, last_key, lang)
     return call(name, variant, lang, grouped(q, k.shape[1]), k, v, *_masks(mask, k.shape[1]),
@@ -152,12 +156,13 @@ attention_op = Operator("moagen::attention", _attention, _attention_fake,
                         instead="F.scaled_dot_product_attention")
 
 
-def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-    """SDPA's attn_mask as the masked kernels take it: added to the scores, of q's dtype,
-    contiguous, of shape (n_q, n) where it is shared by every batch and head (its axes
-    before the last two all 1), (batch, n_q, n) where each batch's is shared by its heads
-    (batch, 1, n_q, n), else of the full shape (batch, heads, n_q, n); the rows it hides
-    wholly given a mask of zeros (the kernel's softmax would give them 0 / 0); and whether
+def _kernel_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """SDPA's attn_mask as the masked kernels take it, contiguous: of shape (n_q, n) where it
+    is shared by every batch and head (its axes before the last two all 1), (batch, n_q, n)
+    where each batch's is shared by its heads (batch, 1, n_q, n), boolean where it is (the
+    `_bool2d` kernels read its bytes) or else added to the scores, of q's dtype; else of the
+    full shape (batch, heads, n_q, n), added to the scores, of q's dtype. The rows it hides
+    wholly are shown every key (the kernel's softmax would give them 0 / 0). And whether
     each row sees a key (False at those rows), broadcastable to (batch, heads, n_q, 1)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{op}: attn_mask must be a torch.Tensor, got "
@@ -182,14 +187,17 @@ def _float_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tenso
     elif attn_mask.dim() == 4 and attn_mask.shape[1] == 1:
         full = (full[0], *full[2:])
         attn_mask = attn_mask[:, 0]
-    # a boolean mask made a float one in one pass, the rest on booleans: it is as large as
-    # the scores (float32, n 4096, 8 heads, 1 thread: 157 -> 92 ms of a 721 ms masked call);
     # no branch on whether every row sees a key, which torch.compile could not trace
     if attn_mask.dtype == torch.bool:
         seen = attn_mask.any(-1, keepdim=True)
-        zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
-                        for x in (0.0, float("-inf")))
-        mask = torch.where(attn_mask | ~seen, zero, hidden)
+        shown = attn_mask | ~seen
+        if len(full) < 4:  # the `_bool2d` kernels read its bytes: no float mask made
+            mask = shown
+        else:  # made a float one in one pass: it is as large as the scores (float32, n 4096,
+            # 8 heads, 1 thread: 157 -> 92 ms of a 721 ms masked call)
+            zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
+                            for x in (0.0, float("-inf")))
+            mask = torch.where(shown, zero, hidden)
     else:
         mask = attn_mask.to(q.dtype)
         seen = (mask > float("-inf")).any(-1, keepdim=True)
@@ -260,7 +268,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
         if causal:
             raise ValueError(f"{op}: attn_mask and causal together; as SDPA, give the causal "
                              "mask inside attn_mask")
-        mask, seen = _float_mask(op, attn_mask, q, k)
+        mask, seen = _kernel_mask(op, attn_mask, q, k)
         if mask.dim() == 3:  # a batch's mask shared by its heads: a call a batch, never copied
             out = torch.cat([attention_op(*(t[b:b + 1].contiguous() for t in (q, k, v)), mask[b],
                                           False, 0, -1, scale, lang)[0] for b in range(batch)])

@@ -3,6 +3,7 @@ which the public function calls): the argument checks, the flash kernels' schedu
 to the sizes, and the grouped view of the queries."""
 from functools import lru_cache
 
+import torch
 from torch import Tensor
 
 from moagen.kernels.attention import flash_params
@@ -30,10 +31,17 @@ def fitted_params(name: str, q: Tensor, k: Tensor, causal: bool, lang: str) -> t
 
 
 def check_attention(op, q, k, v, lang, mask=None):
+    """mask: None, one of q's dtype, or a boolean one (n_q, n) (the `_bool2d` kernels')."""
     check_lang(op, lang)
-    check_tensors(op, q=q, k=k, v=v, **({} if mask is None else {"mask": mask}))
+    flags = mask is not None and mask.dtype == torch.bool
+    check_tensors(op, q=q, k=k, v=v, **({} if mask is None or flags else {"mask": mask}))
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_dims(op, name, t, 4, SHAPE)
+    if flags:
+        check_dims(op, "a boolean mask", mask, 2, "(n_q, n), shared by every batch and head")
+        if mask.device != q.device:
+            raise ValueError(f"{op}: the mask is on {mask.device}, q on {q.device}; they must "
+                             "be on one device")
     if mask is not None:  # one for every batch and head, or each its own
         scores = (*q.shape[:3], k.shape[2])
         check_size(op, "the mask's shape", tuple(mask.shape),

@@ -28,8 +28,8 @@ import moagen
 
 LANGS = ("c", "fortran")  # the CPU kernels' languages
 DTYPES = {torch.float64: "float64", torch.float32: "float32"}
-# the torch dtype of an integer input's element type (moagen.moa.expr.ELEMENTS)
-ELEMENTS = {"int64": torch.int64}
+# the torch dtype of an integer or bool input's element type (moagen.moa.expr.ELEMENTS)
+ELEMENTS = {"int64": torch.int64, "bool": torch.bool}
 
 
 def check_lang(op, lang):

@@ -21,7 +21,9 @@ in panels of f keys) for each array the sums read; g's reads (an added mask's M[
 are one load a key, in place, and where g adds one (P[.., j] = h(q) + M[.., i, j]) it is
 added after the tile's stores (P[.., j] = h(q) for every row and lane, then P[.., j] +=
 M[.., i, j]): the stores then read the accumulators alone, which the compiler keeps a
-vector a row (with the read in them gcc kept them scalar, spilled: 2.5 times the time).
+vector a row (with the read in them gcc kept them scalar, spilled: 2.5 times the time);
+where g keeps h(q) by a bool mask (P[.., j] = h(q) where M[i, j] > 0, else -inf), the
+select is applied after so (3.5 times the time in the stores, float32).
 The f sums of a step are then one vector register, a column of A is broadcast into it:
 with rows jammed (UnrollJam, after this step) the tile is rows x f accumulators, a GEMM
 micro-kernel.
@@ -201,7 +203,7 @@ class KeyTiles(_InnerLoops):
             panel = self._panel(access, at[0], at[0], tile, work)
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
-        body = _reads_added_last(self, body)
+        body = _reads_applied_last(self, body)
         return in_groups(self, loop, body, f, tile, work.names,
                          finish=lambda stmts: tuple(map(_vector_tile, stmts)))
 
@@ -276,44 +278,59 @@ class ColumnTiles(_InnerLoops):
         return value
 
 
-def _reads_added_last(transform, stmts):
+def _reads_applied_last(transform, stmts):
     """stmts with each store P[x] = h + R, R a read of another array, split: P[x] = h where
-    it was, P[x] += R after the last statement (KeyTiles' docstring says why). Each
-    statement it moves past must be a store of another element, not reading P nor writing
-    R's array."""
-    kept, added = [], []
+    it was, P[x] += R after the last statement (KeyTiles' docstring says why); so too a
+    store P[x] = (h where R > 0, else -inf), a bool mask's R: P[x] = h, then P[x] = (P[x]
+    where R > 0, else -inf). Each statement it moves past must be a store of another
+    element, not reading P nor writing R's array."""
+    kept, applied, masks = [], [], set()
     for s in stmts:
-        if added and not _commutes(s, added):
-            raise ScheduleError(f"{transform}: {added[0].value.array} cannot be added after the "
-                                "tile's stores: a statement after its store reads or writes "
-                                "what the addition does")
+        if applied and not _commutes(s, applied, masks):
+            raise ScheduleError(f"{transform}: {', '.join(sorted(masks))} cannot be applied "
+                                "after the tile's stores: a statement after its store reads "
+                                "or writes what the application does")
         kept.append(s)
-        read = _added_read(s)
-        if read is not None:
-            kept[-1] = replace(s, value=s.value.left if s.value.right == read else s.value.right)
-            added.append(replace(s, value=read, accumulate="+"))
-    return tuple(kept + added)
+        split = _applied_read(s)
+        if split is not None:
+            kept[-1], after, read = split
+            applied.append(after)
+            masks.add(read)
+    return tuple(kept + applied)
 
 
-def _commutes(stmt, additions):
-    """Whether stmt may run before the additions P[x] += R: a store of no element they add
-    to, reading no array they add to, writing no array they read."""
-    reads = {e.array for x in stmt_exprs(stmt) for e in S.subexpressions(x)
-             if isinstance(e, S.Access)}
-    return (isinstance(stmt, Store)
-            and not reads & {a.array for a in additions}
-            and all((stmt.array, stmt.index) != (a.array, a.index) and stmt.array != a.value.array
-                    for a in additions))
+def _commutes(stmt, applied, reads):
+    """Whether stmt may run before the applications (P[x] += R, or P[x]'s select by R): a
+    store of no element they write, reading no array they write, writing no array they
+    read."""
+    read = {e.array for x in stmt_exprs(stmt) for e in S.subexpressions(x)
+            if isinstance(e, S.Access)}
+    return (isinstance(stmt, Store) and not read & {a.array for a in applied}
+            and stmt.array not in reads
+            and all((stmt.array, stmt.index) != (a.array, a.index) for a in applied))
 
 
-def _added_read(store):
-    """R where store is P[x] = h + R (or R + h), a plain store, R a read of another array;
-    else None."""
-    if not (isinstance(store, Store) and store.accumulate is None and not store.atomic
-            and isinstance(store.value, S.Bin) and store.value.op == "+"):
+def _applied_read(store):
+    """(the store without R, the statement applying R after, R's array) where store is a
+    plain store P[x] = h + R (or R + h) or P[x] = (h where R > 0, else -inf), R a read of
+    another array; else None."""
+    if not (isinstance(store, Store) and store.accumulate is None and not store.atomic):
         return None
-    return next((e for e in (store.value.right, store.value.left)
-                 if isinstance(e, S.Access) and e.array != store.array), None)
+    value = store.value
+    if isinstance(value, S.Bin) and value.op == "+":
+        read = next((e for e in (value.right, value.left)
+                     if isinstance(e, S.Access) and e.array != store.array), None)
+        if read is not None:
+            h = value.left if value.right == read else value.right
+            return (replace(store, value=h), replace(store, value=read, accumulate="+"),
+                    read.array)
+    if (isinstance(value, S.IfGreater) and isinstance(value.left, S.Access)
+            and value.left.array != store.array and value.right == S.Num(0.0)
+            and value.other == S.Num(float("-inf"))):
+        own = S.Access(store.array, tuple(store.index))
+        return (replace(store, value=value.then), replace(store, value=replace(value, then=own)),
+                value.left.array)
+    return None
 
 
 def _scaled_loads(stmts, tiles, f):

@@ -5,11 +5,11 @@ import cffi
 
 from moagen.targets.abi import KernelCallable, flat_view
 
-CTYPES = {"float64": "double", "float32": "float", "int64": "int64_t"}
+CTYPES = {"float64": "double", "float32": "float", "int64": "int64_t", "bool": "uint8_t"}
 
 
 def element_types(signature):
-    """Each array's C element type: the kernel's float, or an integer input's own."""
+    """Each array's C element type: the kernel's float, or an integer or bool input's own."""
     return [CTYPES[a.dtype(signature.dtype)] for a in signature.arrays]
 
 

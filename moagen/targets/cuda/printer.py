@@ -22,6 +22,7 @@ class CudaPrinter(CPrinter):
     restrict = "__restrict__"
 
     simd_directives = False  # a GPU thread's loop is sequential code
+    kept = Printer.kept  # a GPU thread's select is a predicated move, not a branch
 
     def __init__(self, onf, dtype):
         super().__init__(onf, dtype)

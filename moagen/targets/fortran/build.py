@@ -54,6 +54,8 @@ def _f2py_glue():
     import numpy.f2py  # only a Fortran build needs it
 
     include = numpy.f2py.get_include()
+    # f2py names an integer(c_int8_t) array's C type (a bool mask's) signed_char but defines
+    # that type for scalars only
     flags = ("-O0", "-fPIC", "-fno-strict-aliasing", f"-I{numpy.get_include()}", f"-I{include}",
-             f"-I{sysconfig.get_paths()['include']}")
+             f"-I{sysconfig.get_paths()['include']}", "-Dsigned_char=signed char")
     return flags, str(Path(include) / "fortranobject.c")

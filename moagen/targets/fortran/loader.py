@@ -4,7 +4,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 from moagen.targets.abi import KernelCallable, flat_view
+
+BYTES = np.dtype(np.int8)
 
 
 @dataclass(frozen=True)
@@ -26,9 +30,13 @@ def load(path, module):
 def bind(library, signature, validate=None):
     function = getattr(library.extension, f"f90wrap_{library.module}__{signature.name}".lower())
     n_arrays = len(signature.arrays)
+    # a bool mask's bytes as int8, the integer(c_int8_t) f2py takes: a view, where f2py would
+    # copy a bool array into int8
+    views = [BYTES if a.element == "bool" else None for a in signature.arrays]
 
     def native_call(*args):
         # f2py writes the intent(inout) outputs in place: they must be views of the caller's arrays.
-        function(*(flat_view(a) for a in args[:n_arrays]), *args[n_arrays:])
+        function(*(flat_view(a) if v is None else flat_view(a).view(v)
+                   for v, a in zip(views, args[:n_arrays])), *args[n_arrays:])
 
     return KernelCallable(signature, native_call, validate)

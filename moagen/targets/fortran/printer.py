@@ -33,8 +33,10 @@ class IndexPrinter(FCodePrinter):
         return super()._print_Function(expr)
 
 
-# an integer input's element type in Fortran (moagen.moa.expr.ELEMENTS)
-FORTRAN_ELEMENT = {"int64": "integer(c_int64_t)"}
+# an integer or bool input's element type in Fortran (moagen.moa.expr.ELEMENTS): a bool as
+# C's uint8_t, a byte compared with 0 (logical(c_bool) leaves bytes other than 0 and 1
+# undefined)
+FORTRAN_ELEMENT = {"int64": "integer(c_int64_t)", "bool": "integer(c_int8_t)"}
 
 
 class FortranPrinter(Printer):
@@ -212,7 +214,9 @@ def wrap_statement(line):
 def emit_fortran(onfs_by_dtype, banner, module, printer=FortranPrinter):
     subs = [printer(onf, dtype).subroutine() for dtype, onf in onfs_by_dtype]
     keep = any(s["keep"] for s in subs)  # the module then holds moagen_keep (its p a double)
-    kinds = sorted({s["kind"] for s in subs} | ({"c_double"} if keep else set()))
+    masks = any(b.element == "bool" for _, onf in onfs_by_dtype for b in onf.inputs)
+    kinds = sorted({s["kind"] for s in subs} | ({"c_double"} if keep else set())
+                   | ({"c_int8_t"} if masks else set()))
     dnf = dnf_comment([onf for _, onf in onfs_by_dtype])
     text = render("fortran/module.f90.j2", banner=banner, dnf=dnf, module=module, subroutines=subs,
                   kinds=kinds, neg_inf=any(s["neg_inf"] for s in subs), keep=keep)
