@@ -16,6 +16,8 @@ from moagen.cli import main
 from moagen.errors import SpecError, UnknownNameError
 from moagen.kernels import get_kernel
 from moagen.kernels.attention import FLASH_AVX512, flash_params
+from moagen.kernels.attention_dropout import BACKWARD_AVX512
+from moagen.philox import KEYS_PER_RUN
 from moagen.kernels.mlp import TILE_AVX512
 from moagen.kernels.tunable import Tunable
 from moagen.onf.signature import DTYPES
@@ -167,13 +169,30 @@ def test_moagen_torch_fits_the_flash_tiles_over_this_machines_defaults(avx512, f
     # a short causal sequence: blocks of 16 keys, tiles of 8 rows at most 16 lanes wide
     assert dict(fitted(forward, "c", "float64", 64, 64, True)) == \
         {**machine, "block": 16, "rows": 8, "lanes": min(machine["lanes"], 16)}
-    # a head under 32 wide: AVX-512's 32 lanes narrowed, the rest (rows, blocks) this
-    # machine's, not generated/'s; AVX2's 8 lanes kept (nothing to fit)
-    assert dict(fitted(plain, "c", "float64", 1024, 16, False)) == \
-        ({**machine, "lanes": 16} if avx512 else {})
+    # a head under 32 wide: AVX-512's float32 32 lanes narrowed, the rest (rows, blocks)
+    # this machine's, not generated/'s; 16 lanes (float32's portable ones) kept
+    wide = {**get_kernel(plain).variant("flash").defaults_for("cpu", "float32"),
+            **(FLASH_AVX512["float32"] if avx512 else {})}
+    assert wide["lanes"] == (32 if avx512 else 16)
+    assert dict(fitted(plain, "c", "float32", 1024, 16, False)) == \
+        ({**wide, "lanes": 16} if avx512 else {})
     # the backward has no key blocks of its own: its tiles of 8 rows, no wider than 16 lanes
     backward = "attention_gqa_bwd_causal"
     owner = dict(resolve(backward, "flash", "c", "float64").params)
     assert dict(fitted(backward, "c", "float64", 64, 64, True)) == \
         ({} if owner["rows"] == 8 else {**owner, "rows": 8})
     assert fitted(backward, "c", "float64", 1024, 64, True) == ()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_dropout_backward_widens_its_columns_not_philox_groups(avx512, dtype, tmp_path,
+                                                                    monkeypatch):
+    """Its AVX-512 tiles keep 8 key rows (a Philox group each, UnrollDraws) and take a row
+    in two 512-bit registers."""
+    monkeypatch.chdir(tmp_path)  # no tuning file
+    variant = get_kernel("attention_dropout_bwd").variant("flash")
+    here = dict(resolve("attention_dropout_bwd", "flash", "c", dtype).params)
+    assert here == {**variant.defaults_for("cpu", dtype),
+                    **(BACKWARD_AVX512[dtype] if avx512 else {})}
+    assert here["rows"] == KEYS_PER_RUN
+    assert here["lanes"] * np.dtype(dtype).itemsize == (128 if avx512 else 64)

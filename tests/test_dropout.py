@@ -272,13 +272,13 @@ def test_the_flash_backwards_key_tiles_are_groups_a_run_each(kernel, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_the_flash_backward_keeps_its_portable_tiles_on_avx512(monkeypatch, dtype):
-    """Where the compiler targets AVX-512 the plain backward's tiles are twice as wide; the
-    dropout backward's stay 8 rows by 8 (float64) or 16 (float32) columns."""
+def test_the_flash_backward_widens_only_its_columns_on_avx512(monkeypatch, dtype):
+    """Where the compiler targets AVX-512 the dropout backward's tiles take the plain
+    backward's lanes (a row in two 512-bit registers) and keep 8 rows, Philox's groups."""
     monkeypatch.setattr(Toolchain, "targets_avx512", lambda self, record: True)
     schedule = lambda kernel: calls.schedule(kernel, "flash", "c", dtype)["params"]
     assert schedule("attention_dropout_bwd") == {
-        "rows": 8, "keys": 1, "parts": 1, "lanes": {"float64": 8, "float32": 16}[dtype]}
+        "rows": 8, "keys": 1, "parts": 1, "lanes": {"float64": 16, "float32": 32}[dtype]}
     assert schedule("attention_gqa_bwd")["lanes"] == {"float64": 16, "float32": 32}[dtype]
 
 

@@ -133,12 +133,13 @@ def flash_params(n: int, d: int, causal: bool, lanes: int) -> dict:
 
 
 # The CPU's tiles: a row of the score and output tiles in two vector registers, 6 rows (12
-# accumulators of AVX2's 16 registers: 8 float64 lanes, 16 float32); AVX-512's hold 32
-# lanes of either, 8 float64 rows or 12 float32 ones, over blocks of 128 keys
-# (docs/PERFORMANCE.md, "The flash forward's tiles")
+# accumulators of AVX2's 16 registers: 8 float64 lanes, 16 float32); AVX-512's 12 rows, a
+# row in two 512-bit registers (float64 16 lanes, float32 32: 24 of 32 registers), over
+# blocks of 128 keys; float64's 32 lanes (4 registers a row) ran 1.05-1.28x slower once gcc
+# wrote 512-bit vectors (docs/PERFORMANCE.md, "The flash forward's tiles")
 FLASH_DEFAULTS = {"rows": 6, "lanes": 8, "block": KEY_BLOCK}
 FLASH_DTYPES = {"float32": {"lanes": 16}}
-FLASH_AVX512 = {"float64": {"rows": 8, "lanes": 32, "block": 128},
+FLASH_AVX512 = {"float64": {"rows": 12, "lanes": 16, "block": 128},
                 "float32": {"rows": 12, "lanes": 32, "block": 128}}
 # On a GPU a thread block takes 64 query rows, float64 32: at 64, Q's, K's and the
 # probabilities' tiles ask 174,080 bytes a block at d 128, over the 166,912 an sm_80 block

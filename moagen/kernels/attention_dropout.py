@@ -77,20 +77,26 @@ BACKWARD_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t4_block", dS2="t5_block"
 KEY_TILES = tiled(loop_role("j", "in"), KEYS_PER_RUN)
 
 
+# AVX-512: the rows stay Philox's groups (8 keys); the columns widen to a row in two
+# 512-bit registers, as the owner's: 1.08-1.16x faster than 8 lanes (float64, 16) and
+# 1.18-1.21x than 16 (float32, 32) once gcc wrote 512-bit vectors; with 256-bit code wider
+# tiles had lost (journal 2026-12-07-dropout-speed.md, 2026-12-07-wide-vectors.md)
+BACKWARD_AVX512 = {"float64": {"lanes": 16}, "float32": {"lanes": 32}}
+
+
 def backward_variant(causal):
     """attention_bwd's flash over these loops. On a CPU (parts 1: the key rows' pass adds dQ
     too) its tiles are 8 key rows of one part, a group of keys each (UnrollDraws), by 8
-    (float64) or 16 (float32) columns on AVX-512 too: with the draws beside them the
-    owner's AVX-512 tiles, twice as wide, ran 1.16-1.39x the plain backward where these ran
-    1.02-1.14x (docs/journal/2026-12-07-dropout-speed.md). The GPU schedule OpenACC takes
-    (parts 0, 4 rows) draws a key at a time, as CUDA's."""
+    (float64) or 16 (float32) columns, on AVX-512 BACKWARD_AVX512's. The GPU schedule
+    OpenACC takes (parts 0, 4 rows) draws a key at a time, as CUDA's."""
     variant = attention_bwd.flash_variant(causal, loops=LOOPS, scratch=BACKWARD_SCRATCH)
 
     def build(**params):
         then = (UnrollDraws(KEY_TILES, nest="keys"),) if params["parts"] else ()
         return variant.build(**params, then=then)
     return replace(variant, build=build, defaults={**variant.defaults, "rows": KEYS_PER_RUN},
-                   space={**variant.space, "rows": (KEYS_PER_RUN,), "parts": (1,)}, avx512={})
+                   space={**variant.space, "rows": (KEYS_PER_RUN,), "parts": (1,)},
+                   avx512=BACKWARD_AVX512)
 
 
 KERNELS = [kernel for causal in (False, True) for kernel in (
