@@ -72,6 +72,10 @@ def backward_spec(causal: bool) -> KernelSpec:
 # narrower output tile in vector registers (docs/PERFORMANCE.md, "Other lengths, padding,
 # dropout, masks")
 FORWARD_DTYPES = {"float32": {"lanes": 8}}
+# AVX-512, float32: 8 rows, not the plain forward's 12, beside the draws: rows 12, lanes 32
+# took 24.8 / 52.0 ms against 17.1 / 34.0 (n 1024 / 2048 causal, 8 over 2 heads, d 64, 2
+# threads, 512-bit code; journal 2026-12-07-wide-vectors.md)
+FORWARD_AVX512 = {**attention.FLASH_AVX512, "float32": {"rows": 8, "lanes": 32, "block": 128}}
 BACKWARD_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t4_block", dS2="t5_block")
 # the key rows' pass's tiles (PartBuffers' loop over a part's keys, jammed)
 KEY_TILES = tiled(loop_role("j", "in"), KEYS_PER_RUN)
@@ -103,7 +107,7 @@ KERNELS = [kernel for causal in (False, True) for kernel in (
     (spec(causal), {"dnf": (frozenset(), attention_cross.FORWARD),
                     "flash": replace(attention.flash_variant(causal, loops=LOOPS.query,
                                                              then=(UnrollDraws("j"),)),
-                                     dtypes=FORWARD_DTYPES)}),
+                                     dtypes=FORWARD_DTYPES, avx512=FORWARD_AVX512)}),
     (backward_spec(causal), {"dnf": (frozenset({"delta"}), attention_cross.BACKWARD),
                              "flash": backward_variant(causal)}))]
 ALIASES = {f"{name(causal)}_vjp": name(causal, backward=True) for causal in (False, True)}
