@@ -252,5 +252,15 @@ def replace_node(e: ScalarExpr, old: ScalarExpr, new: ScalarExpr) -> ScalarExpr:
     return map_children(e, lambda c: replace_node(c, old, new))
 
 
+def kept_by(e: ScalarExpr):
+    """The mask's read M[..] (an Access, or once realized a Load) where e keeps a value by a
+    mask's byte, IfGreater(M[..], 0, value, -inf) (the DNF's where(M, value, -inf) of a
+    bool M); else None."""
+    if (isinstance(e, IfGreater) and isinstance(e.left, (Access, Load)) and e.right == Num(0.0)
+            and e.other == Num(float("-inf"))):
+        return e.left
+    return None
+
+
 def contains(e: ScalarExpr, kind) -> bool:
     return any(isinstance(x, kind) for x in subexpressions(e))

@@ -153,8 +153,9 @@ class Printer:
             return self.unary(e.fn, self.expr(e.arg), e.arg)
         if isinstance(e, S.Select):
             return self.select(self.index(e.cond), self.expr(e.then), self.expr(e.other))
-        if isinstance(e, S.IfGreater) and self._kept(e):
-            return self.kept(self.expr(e.then), self.expr(e.left))
+        mask = S.kept_by(e)
+        if mask is not None and mask.array in self.masks:
+            return self.kept(self.expr(e.then), self.expr(mask))
         if isinstance(e, S.IfGreater):
             return self.select(f"{self.expr(e.left)} > {self.expr(e.right)}", self.expr(e.then),
                                self.expr(e.other))
@@ -222,12 +223,6 @@ class Printer:
     def keep(self, row, group, piece, seed, p) -> str:
         """Whether dropout keeps an element, a condition (a call of moagen_keep)."""
         raise NotImplementedError
-
-    def _kept(self, e) -> bool:
-        """Whether e is a value kept where a bool mask's byte is set, -inf where not (the
-        DNF's where(M, value, -inf): IfGreater(M, 0, value, -inf))."""
-        return (isinstance(e.left, S.Load) and e.left.array in self.masks
-                and e.right == S.Num(0.0) and e.other == S.Num(float("-inf")))
 
     def kept(self, value, flag) -> str:
         """value where the mask's byte flag is nonzero, else -inf."""

@@ -324,12 +324,11 @@ def _applied_read(store):
             h = value.left if value.right == read else value.right
             return (replace(store, value=h), replace(store, value=read, accumulate="+"),
                     read.array)
-    if (isinstance(value, S.IfGreater) and isinstance(value.left, S.Access)
-            and value.left.array != store.array and value.right == S.Num(0.0)
-            and value.other == S.Num(float("-inf"))):
+    mask = S.kept_by(value)
+    if isinstance(mask, S.Access) and mask.array != store.array:
         own = S.Access(store.array, tuple(store.index))
         return (replace(store, value=value.then), replace(store, value=replace(value, then=own)),
-                value.left.array)
+                mask.array)
     return None
 
 

@@ -4,8 +4,7 @@ from pathlib import Path
 import cffi
 
 from moagen.targets.abi import KernelCallable, flat_view
-
-CTYPES = {"float64": "double", "float32": "float", "int64": "int64_t", "bool": "uint8_t"}
+from moagen.targets.c.printer import C_TYPE as CTYPES  # the printer's, so the two agree
 
 
 def element_types(signature):

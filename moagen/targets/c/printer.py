@@ -11,7 +11,9 @@ from moagen.moa import scalar as S
 from moagen.onf.loops import Loop, stmt_exprs, walk
 from moagen.steps.loop.simd import simd_clauses
 
-C_TYPE = {"float64": "double", "float32": "float"}
+# each element type's C type (moagen.moa.expr.ELEMENTS): a bool as uint8_t, the byte numpy
+# and torch store, any nonzero byte true (a _Bool other than 0 or 1 would be undefined)
+C_TYPE = {"float64": "double", "float32": "float", "int64": "int64_t", "bool": "uint8_t"}
 
 
 class IndexPrinter(C99CodePrinter):
@@ -42,10 +44,6 @@ class IndexPrinter(C99CodePrinter):
         return super()._print_Function(expr)
 
 
-# an integer or bool input's element type in C (moagen.moa.expr.ELEMENTS): a bool as
-# uint8_t, the byte numpy and torch store, any nonzero byte true (a _Bool other than 0 or 1
-# would be undefined)
-C_ELEMENT = {"int64": "int64_t", "bool": "uint8_t"}
 # (an unsigned integer as wide as the float type, -inf's bits): a mask's bias (CPrinter.kept)
 KEPT_BITS = {"double": ("uint64_t", "0xFFF0000000000000u"), "float": ("uint32_t", "0xFF800000u")}
 
@@ -69,8 +67,7 @@ class CPrinter(Printer):
         out = []
         for a in self.sig.arrays:
             const = "const " if a.intent == "in" else ""
-            element = C_ELEMENT[a.element] if a.element else self.real
-            out.append(f"{const}{element} *{self.restrict} {a.name}")
+            out.append(f"{const}{C_TYPE[a.dtype(self.dtype)]} *{self.restrict} {a.name}")
         out += [f"int64_t {s}" for s in self.sig.sizes]
         out += [f"{self.real} {s}" for s in self.sig.scalars]
         return out
