@@ -12,8 +12,9 @@ of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that
 
 one_call=True: the batch is one call of attention_varlen_fwd (`_causal`;
 moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each sequence's
-loops reading their bounds from them; forward only (no varlen backward kernel yet), so the
-inputs must take no gradient. Not the default: that kernel has only its dnf variant (three
+loops reading their bounds from them; its gradient one call of attention_varlen_bwd
+(`_causal`), which reads the saved O and lse (dQ packed as q, dK and dV as k, summed over
+each KV head's query heads). Not the default: that kernel has only its dnf variant (three
 passes over a row's keys, a thread a sequence's head), faster than the per-sequence flash
 kernels only for many short sequences (8 of 16 rows: 0.4-0.6x their time), 2.4-6x slower
 for sequences of hundreds of rows (docs/journal/2026-12-07-varlen-kernel.md). Tensors
@@ -25,6 +26,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from moagen.torch_ops.attention import attention
 from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, check_size,
@@ -57,27 +59,48 @@ def _check(op, q, k, v, lang):
                          "(grouped-query attention)")
 
 
-def _one_call(op, q, k, v, one_call):
-    """Whether the batch is one call of the varlen kernel: asked for, plain tensors with
-    rows to attend; refused where a gradient is to be taken."""
-    if not one_call:
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise ValueError(f"{op}: one_call=True is forward only (no varlen backward kernel); "
-                         "call it under torch.no_grad() or on inputs that take no gradient")
+def _one_call(q, k, v, one_call):
+    """Whether the batch is one call of the varlen kernels: asked for, plain tensors with
+    rows to attend."""
     plain = all(type(t) is Tensor for t in (q, k, v))
-    return plain and q.shape[0] > 0 and k.shape[0] > 0
+    return one_call and plain and q.shape[0] > 0 and k.shape[0] > 0
+
+
+def _grouped(q, k):
+    """The kernels' shape (total_q, kv_heads, group, d) of q's (total_q, heads, d)."""
+    return q.shape[0], k.shape[1], q.shape[1] // k.shape[1], q.shape[2]
+
+
+class _Packed(torch.autograd.Function):
+    """O by one call of attention_varlen_fwd (`_causal`), the offsets int64 tensors on q's
+    device; dQ, dK, dV by one call of attention_varlen_bwd (`_causal`) on the saved O and
+    lse."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, lang):
+        out, lse = call(causal_name("attention_varlen_fwd", causal), "dnf", lang,
+                        (q, _grouped(q, k)), k, v, cu_q, cu_k, scale=scale,
+                        out_shapes=(q.shape, None))
+        ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
+        ctx.settings = causal, scale, lang
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+        causal, scale, lang = ctx.settings
+        grouped = _grouped(q, k)
+        grads = call(causal_name("attention_varlen_bwd", causal), "dnf", lang, (q, grouped),
+                     k, v, cu_q, cu_k, (out, grouped), (grad_out, grouped), lse, scale=scale,
+                     out_shapes=(q.shape, None, None))
+        return (*grads, None, None, None, None, None)
 
 
 def _packed(q, k, v, queries, keys, causal, scale, lang):
-    """O by one call of attention_varlen_fwd (`_causal`), q seen as (total_q, kv_heads,
-    group, d), the offsets as int64 tensors on q's device."""
-    kv_heads = k.shape[1]
+    """The batch by _Packed, the offsets as int64 tensors on q's device."""
     offsets = [torch.tensor(b, dtype=torch.int64, device=q.device) for b in (queries, keys)]
-    out, _ = call(causal_name("attention_varlen_fwd", causal), "dnf", lang,
-                  (q, (q.shape[0], kv_heads, q.shape[1] // kv_heads, q.shape[2])), k, v,
-                  *offsets, scale=scale, out_shapes=(q.shape, None))
-    return out
+    return _Packed.apply(q, k, v, *offsets, causal, scale, lang)
 
 
 def _one_sequence(t: Tensor) -> Tensor:
@@ -97,7 +120,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     and cu_seqlens_k the batch's cumulative offsets, as many of each (batch + 1), from 0 to
     total_q and total_k. causal: bottom-right within each sequence. Returns (total_q, heads,
     d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's.
-    one_call: the batch by one kernel call, forward only (see the module's docstring)."""
+    one_call: the batch by one kernel call, its gradient by another (see the module's
+    docstring)."""
     op = "moagen.torch.attention_varlen"
     if not isinstance(causal, bool):
         raise ValueError(f"{op}: causal must be True (bottom-right within each sequence, as "
@@ -107,7 +131,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     keys = sequence_bounds(op, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
     check_size(op, "the number of cu_seqlens_k's offsets", len(keys), len(queries))
     scale = 1 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if _one_call(op, q, k, v, one_call):
+    if _one_call(q, k, v, one_call):
         return _packed(q, k, v, queries, keys, causal, scale, lang)
     outs = []
     for (q0, q1), (k0, k1) in zip(zip(queries, queries[1:]), zip(keys, keys[1:])):
