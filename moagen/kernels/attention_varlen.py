@@ -17,6 +17,11 @@ of a sequence of n_q queries and n_k keys sees keys j <= i + n_k - n_q. A query 
 no key (i < n_q - n_k causal; any query of a sequence with no keys) gets O = 0 and lse =
 -inf, as FlashAttention gives them; a sequence of no queries writes nothing.
 
+The backward (`attention_varlen_bwd`, `_causal`) is derived by moagen.moa.grad: dQ packed
+by cu_q, dK and dV by cu_k (summed over the group's query heads), read back O and lse as
+the forward stores them; a row that saw no key gets zero gradients (its lse -inf floored
+as the max was: P = 0).
+
 Only the dnf variant (row by row): the others' steps (tiling, blocks of keys) take loops of
 sizes, not of extents read from an array."""
 import numpy as np

@@ -12,12 +12,15 @@ kind:
     index access <v> psi A   ->  the adjoint of A at <v>: the body's cotangent, lifted over v;
                                  lift axes A is not indexed by are summed (a weight's
                                  gradient is a sum over rows)
+    Packed.read (its rows)   ->  as an index access, the gradient an output packed by the
+                                 same offsets (a varlen batch's dQ by cu_q)
     A +.x B                  ->  dA = G +.x B^T,  dB = A^T +.x G
     +/ along the last axis   ->  G, spread along that axis (a "cell", below)
     omega(op, A, r)          ->  dA as elementwise; dr = the sum of G (x A) over the lifted axes
     exp, log, rsqrt, sigmoid ->  G times the derivative, from the node's own value
     where(cond, A, B)        ->  dA = where(cond, G, 0), dB = where(cond, 0, G)
-    softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P)
+    softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P); also
+                                 guarded (rewrites.stable_softmax: rows that see no key)
 
 A cotangent may be a *cell*: an expression of a prefix of the node's shape that stands for
 its broadcast over the trailing axes (the cotangent of a row sum is one number a row);
