@@ -138,8 +138,19 @@ contains
         & qk_5_4b, qk_5_5b, qk_5_6b, qk_5_7b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, &
         & o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, &
         & o_6i, o_7i, o_0j, o_1j, o_2j, o_3j, o_4j, o_5j, o_6j, o_7j, o_0k, o_1k, o_2k, o_3k, &
-        & o_4k, o_5k, o_6k, o_7k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l, row_max, &
-        & row_sum, qk, block_max, new_max, rescale, block_sum, t, heads_sum, ow, xg, xu, hw
+        & o_4k, o_5k, o_6k, o_7k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l, row_max_0b, &
+        & row_max_1b, row_sum_0b, row_sum_1b, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, qk_0b_4, &
+        & qk_0b_5, qk_0b_6, qk_0b_7, qk_1b_0, qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, qk_1b_5, &
+        & qk_1b_6, qk_1b_7, qk_0b, qk_1b, block_max_0b, block_max_1b, new_max_0b, new_max_1b, &
+        & rescale_0b, rescale_1b, block_sum_0b, block_sum_1b, o_0m, o_1m, o_2m, o_3m, o_4m, o_5m, &
+        & o_6m, o_7m, o_0n, o_1n, o_2n, o_3n, o_4n, o_5n, o_6n, o_7n, t_0b, t_1b, qk_0b_0b, &
+        & qk_0b_1b, qk_0b_2b, qk_0b_3b, qk_0b_4b, qk_0b_5b, qk_0b_6b, qk_0b_7b, qk_1b_0b, &
+        & qk_1b_1b, qk_1b_2b, qk_1b_3b, qk_1b_4b, qk_1b_5b, qk_1b_6b, qk_1b_7b, o_0o, o_1o, o_2o, &
+        & o_3o, o_4o, o_5o, o_6o, o_7o, o_0p, o_1p, o_2p, o_3p, o_4p, o_5p, o_6p, o_7p, row_max, &
+        & row_sum, qk_0c, qk_1c, qk_2b, qk_3b, qk_4b, qk_5b, qk_6, qk_7, qk, block_max, new_max, &
+        & rescale, block_sum, o_0q, o_1q, o_2q, o_3q, o_4q, o_5q, o_6q, o_7q, t, qk_0d, qk_1d, &
+        & qk_2c, qk_3c, qk_4c, qk_5c, qk_6b, qk_7b, o_0r, o_1r, o_2r, o_3r, o_4r, o_5r, o_6r, &
+        & o_7r, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -2613,25 +2624,672 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
-    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
+    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
+    !$omp&   j_tile, &
     !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0b, &
+    !$omp&   row_max_1b, &
+    !$omp&   row_sum_0b, &
+    !$omp&   row_sum_1b, &
+    !$omp&   qk_0b_0, &
+    !$omp&   qk_0b_1, &
+    !$omp&   qk_0b_2, &
+    !$omp&   qk_0b_3, &
+    !$omp&   qk_0b_4, &
+    !$omp&   qk_0b_5, &
+    !$omp&   qk_0b_6, &
+    !$omp&   qk_0b_7, &
+    !$omp&   qk_1b_0, &
+    !$omp&   qk_1b_1, &
+    !$omp&   qk_1b_2, &
+    !$omp&   qk_1b_3, &
+    !$omp&   qk_1b_4, &
+    !$omp&   qk_1b_5, &
+    !$omp&   qk_1b_6, &
+    !$omp&   qk_1b_7, &
+    !$omp&   qk_0b, &
+    !$omp&   qk_1b, &
+    !$omp&   block_max_0b, &
+    !$omp&   block_max_1b, &
+    !$omp&   new_max_0b, &
+    !$omp&   new_max_1b, &
+    !$omp&   rescale_0b, &
+    !$omp&   rescale_1b, &
+    !$omp&   block_sum_0b, &
+    !$omp&   block_sum_1b, &
+    !$omp&   o_0m, &
+    !$omp&   o_1m, &
+    !$omp&   o_2m, &
+    !$omp&   o_3m, &
+    !$omp&   o_4m, &
+    !$omp&   o_5m, &
+    !$omp&   o_6m, &
+    !$omp&   o_7m, &
+    !$omp&   o_0n, &
+    !$omp&   o_1n, &
+    !$omp&   o_2n, &
+    !$omp&   o_3n, &
+    !$omp&   o_4n, &
+    !$omp&   o_5n, &
+    !$omp&   o_6n, &
+    !$omp&   o_7n, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b, &
+    !$omp&   qk_0b_0b, &
+    !$omp&   qk_0b_1b, &
+    !$omp&   qk_0b_2b, &
+    !$omp&   qk_0b_3b, &
+    !$omp&   qk_0b_4b, &
+    !$omp&   qk_0b_5b, &
+    !$omp&   qk_0b_6b, &
+    !$omp&   qk_0b_7b, &
+    !$omp&   qk_1b_0b, &
+    !$omp&   qk_1b_1b, &
+    !$omp&   qk_1b_2b, &
+    !$omp&   qk_1b_3b, &
+    !$omp&   qk_1b_4b, &
+    !$omp&   qk_1b_5b, &
+    !$omp&   qk_1b_6b, &
+    !$omp&   qk_1b_7b, &
+    !$omp&   o_0o, &
+    !$omp&   o_1o, &
+    !$omp&   o_2o, &
+    !$omp&   o_3o, &
+    !$omp&   o_4o, &
+    !$omp&   o_5o, &
+    !$omp&   o_6o, &
+    !$omp&   o_7o, &
+    !$omp&   o_0p, &
+    !$omp&   o_1p, &
+    !$omp&   o_2p, &
+    !$omp&   o_3p, &
+    !$omp&   o_4p, &
+    !$omp&   o_5p, &
+    !$omp&   o_6p, &
+    !$omp&   o_7p)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i_tile = 0, ((n - 6*((n) / 6)) / 2) - 1
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = 0.0_c_double
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = 0.0_c_double
+          end do
+          row_max_0b = neg_inf
+          row_max_1b = neg_inf
+          row_sum_0b = 0.0_c_double
+          row_sum_1b = 0.0_c_double
+          do j_blk = 0, min(((n + 63) / 64), ((2*i_tile + 6*((n) / 6) + 1) / 64)) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
+              qk_0b_0 = 0.0_c_double
+              qk_0b_1 = 0.0_c_double
+              qk_0b_2 = 0.0_c_double
+              qk_0b_3 = 0.0_c_double
+              qk_0b_4 = 0.0_c_double
+              qk_0b_5 = 0.0_c_double
+              qk_0b_6 = 0.0_c_double
+              qk_0b_7 = 0.0_c_double
+              qk_1b_0 = 0.0_c_double
+              qk_1b_1 = 0.0_c_double
+              qk_1b_2 = 0.0_c_double
+              qk_1b_3 = 0.0_c_double
+              qk_1b_4 = 0.0_c_double
+              qk_1b_5 = 0.0_c_double
+              qk_1b_6 = 0.0_c_double
+              qk_1b_7 = 0.0_c_double
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0b_0 = qk_0b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_0b_1 = qk_0b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_0b_2 = qk_0b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_0b_3 = qk_0b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_0b_4 = qk_0b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_0b_5 = qk_0b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_0b_6 = qk_0b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_0b_7 = qk_0b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_1b_0 = qk_1b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_1b_1 = qk_1b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_1b_2 = qk_1b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_1b_3 = qk_1b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_1b_4 = qk_1b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_1b_5 = qk_1b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_1b_6 = qk_1b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_1b_7 = qk_1b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+              end do
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n)) = scale * qk_0b_0
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 1) = scale * qk_0b_1
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 2) = scale * qk_0b_2
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 3) = scale * qk_0b_3
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 4) = scale * qk_0b_4
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 5) = scale * qk_0b_5
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 6) = scale * qk_0b_6
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 7) = scale * qk_0b_7
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n)) = scale * qk_1b_0
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 1) = scale * qk_1b_1
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 2) = scale * qk_1b_2
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 3) = scale * qk_1b_3
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 4) = scale * qk_1b_4
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 5) = scale * qk_1b_5
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 6) = scale * qk_1b_6
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 7) = scale * qk_1b_7
+            end do
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
+              qk_0b = 0.0_c_double
+              qk_1b = 0.0_c_double
+              !$omp simd reduction(+:qk_0b, qk_1b)
+              do c = 0, dh - 1
+                qk_0b = qk_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * K(K_row + c)
+                qk_1b = qk_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & K(K_row + c)
+              end do
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & scale * qk_0b
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = scale * qk_1b
+            end do
+            block_max_0b = neg_inf
+            block_max_1b = neg_inf
+            !$omp simd reduction(max:block_max_0b, block_max_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0b = max(block_max_0b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6))*min(64, n)))
+              block_max_1b = max(block_max_1b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6) + 1)*min(64, n)))
+            end do
+            new_max_0b = max(row_max_0b, block_max_0b)
+            new_max_1b = max(row_max_1b, block_max_1b)
+            rescale_0b = exp(row_max_0b - new_max_0b)
+            rescale_1b = exp(row_max_1b - new_max_1b)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                  & 6))*min(64, n)) - new_max_0b)
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                  & + 1)*min(64, n)) - new_max_1b)
+            end do
+            block_sum_0b = 0.0_c_double
+            block_sum_1b = 0.0_c_double
+            !$omp simd reduction(+:block_sum_0b, block_sum_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0b = block_sum_0b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6))*min(64, n))
+              block_sum_1b = block_sum_1b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6) + 1)*min(64, n))
+            end do
+            row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b
+            row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b
+            do c = 8*((dh) / 8), dh - 1
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile &
+                  & + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+            end do
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              o_1m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) * rescale_0b
+              o_2m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) * rescale_0b
+              o_3m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) * rescale_0b
+              o_4m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) * rescale_0b
+              o_5m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) * rescale_0b
+              o_6m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) * rescale_0b
+              o_7m = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) * rescale_0b
+              o_0n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+              o_1n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) * &
+                  & rescale_1b
+              o_2n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) * &
+                  & rescale_1b
+              o_3n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) * &
+                  & rescale_1b
+              o_4n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) * &
+                  & rescale_1b
+              o_5n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) * &
+                  & rescale_1b
+              o_6n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) * &
+                  & rescale_1b
+              o_7n = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) * &
+                  & rescale_1b
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0m = o_0m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1m = o_1m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 1)
+                o_2m = o_2m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 2)
+                o_3m = o_3m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 3)
+                o_4m = o_4m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 4)
+                o_5m = o_5m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 5)
+                o_6m = o_6m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 6)
+                o_7m = o_7m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 7)
+                o_0n = o_0n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1n = o_1n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 1)
+                o_2n = o_2n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 2)
+                o_3n = o_3n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 3)
+                o_4n = o_4n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 4)
+                o_5n = o_5n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 5)
+                o_6n = o_6n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 6)
+                o_7n = o_7n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 7)
+              end do
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = o_0m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) = o_1m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) = o_2m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) = o_3m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) = o_4m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) = o_5m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) = o_6m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) = o_7m
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = o_0n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) = o_1n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) = o_2n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) = o_3n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) = o_4n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) = o_5n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) = o_6n
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) = o_7n
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, &
+                  & n))
+              t_1b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + &
+                  & 1)*min(64, n))
+              do c = 8*((dh) / 8), dh - 1
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                    & n*(b*heads + h) + 6*((n) / 6))) + t_0b * V(V_row + c)
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + &
+                    & dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) + t_1b * V(V_row + c)
+              end do
+            end do
+            row_max_0b = new_max_0b
+            row_max_1b = new_max_1b
+          end do
+          do j_blk = min(((n + 63) / 64), ((2*i_tile + 6*((n) / 6) + 1) / 64)), min(((n + 63) / &
+              & 64), ((2*i_tile + 6*((n) / 6) + 1) / 64) + 1) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
+              qk_0b_0b = 0.0_c_double
+              qk_0b_1b = 0.0_c_double
+              qk_0b_2b = 0.0_c_double
+              qk_0b_3b = 0.0_c_double
+              qk_0b_4b = 0.0_c_double
+              qk_0b_5b = 0.0_c_double
+              qk_0b_6b = 0.0_c_double
+              qk_0b_7b = 0.0_c_double
+              qk_1b_0b = 0.0_c_double
+              qk_1b_1b = 0.0_c_double
+              qk_1b_2b = 0.0_c_double
+              qk_1b_3b = 0.0_c_double
+              qk_1b_4b = 0.0_c_double
+              qk_1b_5b = 0.0_c_double
+              qk_1b_6b = 0.0_c_double
+              qk_1b_7b = 0.0_c_double
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0b_0b = qk_0b_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_0b_1b = qk_0b_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_0b_2b = qk_0b_2b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_0b_3b = qk_0b_3b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_0b_4b = qk_0b_4b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_0b_5b = qk_0b_5b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_0b_6b = qk_0b_6b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_0b_7b = qk_0b_7b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_1b_0b = qk_1b_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_1b_1b = qk_1b_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_1b_2b = qk_1b_2b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_1b_3b = qk_1b_3b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_1b_4b = qk_1b_4b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_1b_5b = qk_1b_5b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_1b_6b = qk_1b_6b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_1b_7b = qk_1b_7b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+              end do
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n)) = scale * qk_0b_0b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 1) = scale * qk_0b_1b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 2) = scale * qk_0b_2b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 3) = scale * qk_0b_3b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 4) = scale * qk_0b_4b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 5) = scale * qk_0b_5b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 6) = scale * qk_0b_6b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 7) = scale * qk_0b_7b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n)) = scale * qk_1b_0b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 1) = scale * qk_1b_1b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 2) = scale * qk_1b_2b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 3) = scale * qk_1b_3b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 4) = scale * qk_1b_4b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 5) = scale * qk_1b_5b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 6) = scale * qk_1b_6b
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 7) = scale * qk_1b_7b
+            end do
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
+              qk_0b = 0.0_c_double
+              qk_1b = 0.0_c_double
+              !$omp simd reduction(+:qk_0b, qk_1b)
+              do c = 0, dh - 1
+                qk_0b = qk_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * K(K_row + c)
+                qk_1b = qk_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & K(K_row + c)
+              end do
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & scale * qk_0b
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = scale * qk_1b
+            end do
+            block_max_0b = neg_inf
+            block_max_1b = neg_inf
+            !$omp simd reduction(max:block_max_0b, block_max_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0b = max(block_max_0b, merge(attn_probs(j - 64*j_blk + (2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))*min(64, n)), neg_inf, 2*i_tile + 6*((n) / 6) &
+                  & >= j))
+              block_max_1b = max(block_max_1b, merge(attn_probs(j - 64*j_blk + (2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, n)), neg_inf, 2*i_tile + 6*((n) / &
+                  & 6) + 1 >= j))
+            end do
+            new_max_0b = max(row_max_0b, block_max_0b)
+            new_max_1b = max(row_max_1b, block_max_1b)
+            rescale_0b = exp(row_max_0b - new_max_0b)
+            rescale_1b = exp(row_max_1b - new_max_1b)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                  & 6))*min(64, n)) - new_max_0b), 0.0_c_double, 2*i_tile + 6*((n) / 6) >= j)
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = merge(exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + &
+                  & 6*((n) / 6) + 1)*min(64, n)) - new_max_1b), 0.0_c_double, 2*i_tile + 6*((n) / &
+                  & 6) + 1 >= j)
+            end do
+            block_sum_0b = 0.0_c_double
+            block_sum_1b = 0.0_c_double
+            !$omp simd reduction(+:block_sum_0b, block_sum_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0b = block_sum_0b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6))*min(64, n))
+              block_sum_1b = block_sum_1b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6) + 1)*min(64, n))
+            end do
+            row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b
+            row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b
+            do c = 8*((dh) / 8), dh - 1
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile &
+                  & + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+            end do
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              o_1o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) * rescale_0b
+              o_2o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) * rescale_0b
+              o_3o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) * rescale_0b
+              o_4o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) * rescale_0b
+              o_5o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) * rescale_0b
+              o_6o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) * rescale_0b
+              o_7o = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) * rescale_0b
+              o_0p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+              o_1p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) * &
+                  & rescale_1b
+              o_2p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) * &
+                  & rescale_1b
+              o_3p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) * &
+                  & rescale_1b
+              o_4p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) * &
+                  & rescale_1b
+              o_5p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) * &
+                  & rescale_1b
+              o_6p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) * &
+                  & rescale_1b
+              o_7p = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) * &
+                  & rescale_1b
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0o = o_0o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1o = o_1o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 1)
+                o_2o = o_2o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 2)
+                o_3o = o_3o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 3)
+                o_4o = o_4o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 4)
+                o_5o = o_5o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 5)
+                o_6o = o_6o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 6)
+                o_7o = o_7o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 7)
+                o_0p = o_0p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1p = o_1p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 1)
+                o_2p = o_2p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 2)
+                o_3p = o_3p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 3)
+                o_4p = o_4p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 4)
+                o_5p = o_5p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 5)
+                o_6p = o_6p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 6)
+                o_7p = o_7p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 7)
+              end do
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = o_0o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) = o_1o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) = o_2o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) = o_3o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) = o_4o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) = o_5o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) = o_6o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) = o_7o
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = o_0p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) = o_1p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) = o_2p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) = o_3p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) = o_4p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) = o_5p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) = o_6p
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) = o_7p
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, &
+                  & n))
+              t_1b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + &
+                  & 1)*min(64, n))
+              do c = 8*((dh) / 8), dh - 1
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                    & n*(b*heads + h) + 6*((n) / 6))) + t_0b * V(V_row + c)
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + &
+                    & dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) + t_1b * V(V_row + c)
+              end do
+            end do
+            row_max_0b = new_max_0b
+            row_max_1b = new_max_1b
+          end do
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6))) / row_sum_0b
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6) + 1)) / row_sum_1b
+          end do
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) = row_max_0b + log(row_sum_0b)
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) = row_max_1b + log(row_sum_1b)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows.edge.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c (simd),
+    !     c_tile / c (register tile), c (simd), j (register tile)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
     !$omp&   row_max, &
     !$omp&   row_sum, &
+    !$omp&   qk_0c, &
+    !$omp&   qk_1c, &
+    !$omp&   qk_2b, &
+    !$omp&   qk_3b, &
+    !$omp&   qk_4b, &
+    !$omp&   qk_5b, &
+    !$omp&   qk_6, &
+    !$omp&   qk_7, &
     !$omp&   qk, &
     !$omp&   block_max, &
     !$omp&   new_max, &
     !$omp&   rescale, &
     !$omp&   block_sum, &
-    !$omp&   t)
+    !$omp&   o_0q, &
+    !$omp&   o_1q, &
+    !$omp&   o_2q, &
+    !$omp&   o_3q, &
+    !$omp&   o_4q, &
+    !$omp&   o_5q, &
+    !$omp&   o_6q, &
+    !$omp&   o_7q, &
+    !$omp&   t, &
+    !$omp&   qk_0d, &
+    !$omp&   qk_1d, &
+    !$omp&   qk_2c, &
+    !$omp&   qk_3c, &
+    !$omp&   qk_4c, &
+    !$omp&   qk_5c, &
+    !$omp&   qk_6b, &
+    !$omp&   qk_7b, &
+    !$omp&   o_0r, &
+    !$omp&   o_1r, &
+    !$omp&   o_2r, &
+    !$omp&   o_3r, &
+    !$omp&   o_4r, &
+    !$omp&   o_5r, &
+    !$omp&   o_6r, &
+    !$omp&   o_7r)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 6*((n) / 6), n - 1
+        do i = 6*((n) / 6) + 2*((n - 6*((n) / 6)) / 2), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
@@ -2639,7 +3297,49 @@ contains
           row_max = neg_inf
           row_sum = 0.0_c_double
           do j_blk = 0, ((i + 1) / 64) - 1
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
+              qk_0c = 0.0_c_double
+              qk_1c = 0.0_c_double
+              qk_2b = 0.0_c_double
+              qk_3b = 0.0_c_double
+              qk_4b = 0.0_c_double
+              qk_5b = 0.0_c_double
+              qk_6 = 0.0_c_double
+              qk_7 = 0.0_c_double
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0c = qk_0c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)))
+                qk_1c = qk_1c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 1)
+                qk_2b = qk_2b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 2)
+                qk_3b = qk_3b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 3)
+                qk_4b = qk_4b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 4)
+                qk_5b = qk_5b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 5)
+                qk_6 = qk_6 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile + &
+                    & (b*heads + h)*((n) / 8)) + 6)
+                qk_7 = qk_7 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile + &
+                    & (b*heads + h)*((n) / 8)) + 7)
+              end do
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n)) = scale * qk_0c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_1c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_2b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_3b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_4b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_5b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 6) = scale * qk_6
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 7) = scale * qk_7
+            end do
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
@@ -2668,14 +3368,51 @@ contains
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
-            do c = 0, dh - 1
+            do c = 8*((dh) / 8), dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0q = attn(8*c_tile + dh*(i + n*(b*heads + h))) * rescale
+              o_1q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 1) * rescale
+              o_2q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 2) * rescale
+              o_3q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 3) * rescale
+              o_4q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 4) * rescale
+              o_5q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 5) * rescale
+              o_6q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 6) * rescale
+              o_7q = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 7) * rescale
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0q = o_0q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1q = o_1q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
+                o_2q = o_2q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
+                o_3q = o_3q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
+                o_4q = o_4q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
+                o_5q = o_5q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
+                o_6q = o_6q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
+                o_7q = o_7q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
+              end do
+              attn(8*c_tile + dh*(i + n*(b*heads + h))) = o_0q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 1) = o_1q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 2) = o_2q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 3) = o_3q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 4) = o_4q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 5) = o_5q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 6) = o_6q
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 7) = o_7q
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
-              do c = 0, dh - 1
+              do c = 8*((dh) / 8), dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
                     & V(V_row + c)
               end do
@@ -2683,7 +3420,51 @@ contains
             row_max = new_max
           end do
           do j_blk = ((i + 1) / 64), min(((i) / 64) + 1, ((n + 63) / 64)) - 1
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
+              qk_0d = 0.0_c_double
+              qk_1d = 0.0_c_double
+              qk_2c = 0.0_c_double
+              qk_3c = 0.0_c_double
+              qk_4c = 0.0_c_double
+              qk_5c = 0.0_c_double
+              qk_6b = 0.0_c_double
+              qk_7b = 0.0_c_double
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0d = qk_0d + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)))
+                qk_1d = qk_1d + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 1)
+                qk_2c = qk_2c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 2)
+                qk_3c = qk_3c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 3)
+                qk_4c = qk_4c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 4)
+                qk_5c = qk_5c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 5)
+                qk_6b = qk_6b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 6)
+                qk_7b = qk_7b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 7)
+              end do
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n)) = scale * qk_0d
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_1d
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_2c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_3c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_4c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_5c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 6) = scale * &
+                  & qk_6b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 7) = scale * &
+                  & qk_7b
+            end do
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
@@ -2713,14 +3494,51 @@ contains
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
-            do c = 0, dh - 1
+            do c = 8*((dh) / 8), dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0r = attn(8*c_tile + dh*(i + n*(b*heads + h))) * rescale
+              o_1r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 1) * rescale
+              o_2r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 2) * rescale
+              o_3r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 3) * rescale
+              o_4r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 4) * rescale
+              o_5r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 5) * rescale
+              o_6r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 6) * rescale
+              o_7r = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 7) * rescale
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0r = o_0r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1r = o_1r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
+                o_2r = o_2r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
+                o_3r = o_3r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
+                o_4r = o_4r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
+                o_5r = o_5r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
+                o_6r = o_6r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
+                o_7r = o_7r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
+              end do
+              attn(8*c_tile + dh*(i + n*(b*heads + h))) = o_0r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 1) = o_1r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 2) = o_2r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 3) = o_3r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 4) = o_4r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 5) = o_5r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 6) = o_6r
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 7) = o_7r
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
-              do c = 0, dh - 1
+              do c = 8*((dh) / 8), dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
                     & V(V_row + c)
               end do
@@ -3952,8 +4770,28 @@ contains
         & o_2j, o_3j, o_4j, o_5j, o_6j, o_7j, o_8j, o_9j, o_10j, o_11j, o_12j, o_13j, o_14j, &
         & o_15j, o_0k, o_1k, o_2k, o_3k, o_4k, o_5k, o_6k, o_7k, o_8k, o_9k, o_10k, o_11k, o_12k, &
         & o_13k, o_14k, o_15k, o_0l, o_1l, o_2l, o_3l, o_4l, o_5l, o_6l, o_7l, o_8l, o_9l, o_10l, &
-        & o_11l, o_12l, o_13l, o_14l, o_15l, row_max, row_sum, qk, block_max, new_max, rescale, &
-        & block_sum, t, heads_sum, ow, xg, xu, hw
+        & o_11l, o_12l, o_13l, o_14l, o_15l, row_max_0b, row_max_1b, row_sum_0b, row_sum_1b, &
+        & qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_0b_8, &
+        & qk_0b_9, qk_0b_10, qk_0b_11, qk_0b_12, qk_0b_13, qk_0b_14, qk_0b_15, qk_1b_0, qk_1b_1, &
+        & qk_1b_2, qk_1b_3, qk_1b_4, qk_1b_5, qk_1b_6, qk_1b_7, qk_1b_8, qk_1b_9, qk_1b_10, &
+        & qk_1b_11, qk_1b_12, qk_1b_13, qk_1b_14, qk_1b_15, qk_0b, qk_1b, block_max_0b, &
+        & block_max_1b, new_max_0b, new_max_1b, rescale_0b, rescale_1b, block_sum_0b, &
+        & block_sum_1b, o_0m, o_1m, o_2m, o_3m, o_4m, o_5m, o_6m, o_7m, o_8m, o_9m, o_10m, o_11m, &
+        & o_12m, o_13m, o_14m, o_15m, o_0n, o_1n, o_2n, o_3n, o_4n, o_5n, o_6n, o_7n, o_8n, o_9n, &
+        & o_10n, o_11n, o_12n, o_13n, o_14n, o_15n, t_0b, t_1b, qk_0b_0b, qk_0b_1b, qk_0b_2b, &
+        & qk_0b_3b, qk_0b_4b, qk_0b_5b, qk_0b_6b, qk_0b_7b, qk_0b_8b, qk_0b_9b, qk_0b_10b, &
+        & qk_0b_11b, qk_0b_12b, qk_0b_13b, qk_0b_14b, qk_0b_15b, qk_1b_0b, qk_1b_1b, qk_1b_2b, &
+        & qk_1b_3b, qk_1b_4b, qk_1b_5b, qk_1b_6b, qk_1b_7b, qk_1b_8b, qk_1b_9b, qk_1b_10b, &
+        & qk_1b_11b, qk_1b_12b, qk_1b_13b, qk_1b_14b, qk_1b_15b, o_0o, o_1o, o_2o, o_3o, o_4o, &
+        & o_5o, o_6o, o_7o, o_8o, o_9o, o_10o, o_11o, o_12o, o_13o, o_14o, o_15o, o_0p, o_1p, &
+        & o_2p, o_3p, o_4p, o_5p, o_6p, o_7p, o_8p, o_9p, o_10p, o_11p, o_12p, o_13p, o_14p, &
+        & o_15p, row_max, row_sum, qk_0c, qk_1c, qk_2b, qk_3b, qk_4b, qk_5b, qk_6, qk_7, qk_8, &
+        & qk_9, qk_10, qk_11, qk_12, qk_13, qk_14, qk_15, qk, block_max, new_max, rescale, &
+        & block_sum, o_0q, o_1q, o_2q, o_3q, o_4q, o_5q, o_6q, o_7q, o_8q, o_9q, o_10q, o_11q, &
+        & o_12q, o_13q, o_14q, o_15q, t, qk_0d, qk_1d, qk_2c, qk_3c, qk_4c, qk_5c, qk_6b, qk_7b, &
+        & qk_8b, qk_9b, qk_10b, qk_11b, qk_12b, qk_13b, qk_14b, qk_15b, o_0r, o_1r, o_2r, o_3r, &
+        & o_4r, o_5r, o_6r, o_7r, o_8r, o_9r, o_10r, o_11r, o_12r, o_13r, o_14r, o_15r, &
+        & heads_sum, ow, xg, xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -8263,25 +9101,1140 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
-    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
+    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
+    !$omp&   j_tile, &
     !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0b, &
+    !$omp&   row_max_1b, &
+    !$omp&   row_sum_0b, &
+    !$omp&   row_sum_1b, &
+    !$omp&   qk_0b_0, &
+    !$omp&   qk_0b_1, &
+    !$omp&   qk_0b_2, &
+    !$omp&   qk_0b_3, &
+    !$omp&   qk_0b_4, &
+    !$omp&   qk_0b_5, &
+    !$omp&   qk_0b_6, &
+    !$omp&   qk_0b_7, &
+    !$omp&   qk_0b_8, &
+    !$omp&   qk_0b_9, &
+    !$omp&   qk_0b_10, &
+    !$omp&   qk_0b_11, &
+    !$omp&   qk_0b_12, &
+    !$omp&   qk_0b_13, &
+    !$omp&   qk_0b_14, &
+    !$omp&   qk_0b_15, &
+    !$omp&   qk_1b_0, &
+    !$omp&   qk_1b_1, &
+    !$omp&   qk_1b_2, &
+    !$omp&   qk_1b_3, &
+    !$omp&   qk_1b_4, &
+    !$omp&   qk_1b_5, &
+    !$omp&   qk_1b_6, &
+    !$omp&   qk_1b_7, &
+    !$omp&   qk_1b_8, &
+    !$omp&   qk_1b_9, &
+    !$omp&   qk_1b_10, &
+    !$omp&   qk_1b_11, &
+    !$omp&   qk_1b_12, &
+    !$omp&   qk_1b_13, &
+    !$omp&   qk_1b_14, &
+    !$omp&   qk_1b_15, &
+    !$omp&   qk_0b, &
+    !$omp&   qk_1b, &
+    !$omp&   block_max_0b, &
+    !$omp&   block_max_1b, &
+    !$omp&   new_max_0b, &
+    !$omp&   new_max_1b, &
+    !$omp&   rescale_0b, &
+    !$omp&   rescale_1b, &
+    !$omp&   block_sum_0b, &
+    !$omp&   block_sum_1b, &
+    !$omp&   o_0m, &
+    !$omp&   o_1m, &
+    !$omp&   o_2m, &
+    !$omp&   o_3m, &
+    !$omp&   o_4m, &
+    !$omp&   o_5m, &
+    !$omp&   o_6m, &
+    !$omp&   o_7m, &
+    !$omp&   o_8m, &
+    !$omp&   o_9m, &
+    !$omp&   o_10m, &
+    !$omp&   o_11m, &
+    !$omp&   o_12m, &
+    !$omp&   o_13m, &
+    !$omp&   o_14m, &
+    !$omp&   o_15m, &
+    !$omp&   o_0n, &
+    !$omp&   o_1n, &
+    !$omp&   o_2n, &
+    !$omp&   o_3n, &
+    !$omp&   o_4n, &
+    !$omp&   o_5n, &
+    !$omp&   o_6n, &
+    !$omp&   o_7n, &
+    !$omp&   o_8n, &
+    !$omp&   o_9n, &
+    !$omp&   o_10n, &
+    !$omp&   o_11n, &
+    !$omp&   o_12n, &
+    !$omp&   o_13n, &
+    !$omp&   o_14n, &
+    !$omp&   o_15n, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b, &
+    !$omp&   qk_0b_0b, &
+    !$omp&   qk_0b_1b, &
+    !$omp&   qk_0b_2b, &
+    !$omp&   qk_0b_3b, &
+    !$omp&   qk_0b_4b, &
+    !$omp&   qk_0b_5b, &
+    !$omp&   qk_0b_6b, &
+    !$omp&   qk_0b_7b, &
+    !$omp&   qk_0b_8b, &
+    !$omp&   qk_0b_9b, &
+    !$omp&   qk_0b_10b, &
+    !$omp&   qk_0b_11b, &
+    !$omp&   qk_0b_12b, &
+    !$omp&   qk_0b_13b, &
+    !$omp&   qk_0b_14b, &
+    !$omp&   qk_0b_15b, &
+    !$omp&   qk_1b_0b, &
+    !$omp&   qk_1b_1b, &
+    !$omp&   qk_1b_2b, &
+    !$omp&   qk_1b_3b, &
+    !$omp&   qk_1b_4b, &
+    !$omp&   qk_1b_5b, &
+    !$omp&   qk_1b_6b, &
+    !$omp&   qk_1b_7b, &
+    !$omp&   qk_1b_8b, &
+    !$omp&   qk_1b_9b, &
+    !$omp&   qk_1b_10b, &
+    !$omp&   qk_1b_11b, &
+    !$omp&   qk_1b_12b, &
+    !$omp&   qk_1b_13b, &
+    !$omp&   qk_1b_14b, &
+    !$omp&   qk_1b_15b, &
+    !$omp&   o_0o, &
+    !$omp&   o_1o, &
+    !$omp&   o_2o, &
+    !$omp&   o_3o, &
+    !$omp&   o_4o, &
+    !$omp&   o_5o, &
+    !$omp&   o_6o, &
+    !$omp&   o_7o, &
+    !$omp&   o_8o, &
+    !$omp&   o_9o, &
+    !$omp&   o_10o, &
+    !$omp&   o_11o, &
+    !$omp&   o_12o, &
+    !$omp&   o_13o, &
+    !$omp&   o_14o, &
+    !$omp&   o_15o, &
+    !$omp&   o_0p, &
+    !$omp&   o_1p, &
+    !$omp&   o_2p, &
+    !$omp&   o_3p, &
+    !$omp&   o_4p, &
+    !$omp&   o_5p, &
+    !$omp&   o_6p, &
+    !$omp&   o_7p, &
+    !$omp&   o_8p, &
+    !$omp&   o_9p, &
+    !$omp&   o_10p, &
+    !$omp&   o_11p, &
+    !$omp&   o_12p, &
+    !$omp&   o_13p, &
+    !$omp&   o_14p, &
+    !$omp&   o_15p)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i_tile = 0, ((n - 6*((n) / 6)) / 2) - 1
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = 0.0_c_float
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = 0.0_c_float
+          end do
+          row_max_0b = neg_inf
+          row_max_1b = neg_inf
+          row_sum_0b = 0.0_c_float
+          row_sum_1b = 0.0_c_float
+          do j_blk = 0, min(((n + 63) / 64), ((2*i_tile + 6*((n) / 6) + 1) / 64)) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+              qk_0b_0 = 0.0_c_float
+              qk_0b_1 = 0.0_c_float
+              qk_0b_2 = 0.0_c_float
+              qk_0b_3 = 0.0_c_float
+              qk_0b_4 = 0.0_c_float
+              qk_0b_5 = 0.0_c_float
+              qk_0b_6 = 0.0_c_float
+              qk_0b_7 = 0.0_c_float
+              qk_0b_8 = 0.0_c_float
+              qk_0b_9 = 0.0_c_float
+              qk_0b_10 = 0.0_c_float
+              qk_0b_11 = 0.0_c_float
+              qk_0b_12 = 0.0_c_float
+              qk_0b_13 = 0.0_c_float
+              qk_0b_14 = 0.0_c_float
+              qk_0b_15 = 0.0_c_float
+              qk_1b_0 = 0.0_c_float
+              qk_1b_1 = 0.0_c_float
+              qk_1b_2 = 0.0_c_float
+              qk_1b_3 = 0.0_c_float
+              qk_1b_4 = 0.0_c_float
+              qk_1b_5 = 0.0_c_float
+              qk_1b_6 = 0.0_c_float
+              qk_1b_7 = 0.0_c_float
+              qk_1b_8 = 0.0_c_float
+              qk_1b_9 = 0.0_c_float
+              qk_1b_10 = 0.0_c_float
+              qk_1b_11 = 0.0_c_float
+              qk_1b_12 = 0.0_c_float
+              qk_1b_13 = 0.0_c_float
+              qk_1b_14 = 0.0_c_float
+              qk_1b_15 = 0.0_c_float
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0b_0 = qk_0b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_0b_1 = qk_0b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_0b_2 = qk_0b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_0b_3 = qk_0b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_0b_4 = qk_0b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_0b_5 = qk_0b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_0b_6 = qk_0b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_0b_7 = qk_0b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_0b_8 = qk_0b_8 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_0b_9 = qk_0b_9 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_0b_10 = qk_0b_10 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_0b_11 = qk_0b_11 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_0b_12 = qk_0b_12 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_0b_13 = qk_0b_13 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_0b_14 = qk_0b_14 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_0b_15 = qk_0b_15 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_1b_0 = qk_1b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1b_1 = qk_1b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_1b_2 = qk_1b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_1b_3 = qk_1b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_1b_4 = qk_1b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_1b_5 = qk_1b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_1b_6 = qk_1b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_1b_7 = qk_1b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_1b_8 = qk_1b_8 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_1b_9 = qk_1b_9 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_1b_10 = qk_1b_10 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_1b_11 = qk_1b_11 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_1b_12 = qk_1b_12 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_1b_13 = qk_1b_13 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_1b_14 = qk_1b_14 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_1b_15 = qk_1b_15 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+              end do
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n)) = scale * qk_0b_0
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 1) = scale * qk_0b_1
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 2) = scale * qk_0b_2
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 3) = scale * qk_0b_3
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 4) = scale * qk_0b_4
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 5) = scale * qk_0b_5
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 6) = scale * qk_0b_6
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 7) = scale * qk_0b_7
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 8) = scale * qk_0b_8
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 9) = scale * qk_0b_9
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 10) = scale * qk_0b_10
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 11) = scale * qk_0b_11
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 12) = scale * qk_0b_12
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 13) = scale * qk_0b_13
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 14) = scale * qk_0b_14
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 15) = scale * qk_0b_15
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n)) = scale * qk_1b_0
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 1) = scale * qk_1b_1
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 2) = scale * qk_1b_2
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 3) = scale * qk_1b_3
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 4) = scale * qk_1b_4
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 5) = scale * qk_1b_5
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 6) = scale * qk_1b_6
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 7) = scale * qk_1b_7
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 8) = scale * qk_1b_8
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 9) = scale * qk_1b_9
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 10) = scale * qk_1b_10
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 11) = scale * qk_1b_11
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 12) = scale * qk_1b_12
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 13) = scale * qk_1b_13
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 14) = scale * qk_1b_14
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 15) = scale * qk_1b_15
+            end do
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
+              qk_0b = 0.0_c_float
+              qk_1b = 0.0_c_float
+              !$omp simd reduction(+:qk_0b, qk_1b)
+              do c = 0, dh - 1
+                qk_0b = qk_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * K(K_row + c)
+                qk_1b = qk_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & K(K_row + c)
+              end do
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & scale * qk_0b
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = scale * qk_1b
+            end do
+            block_max_0b = neg_inf
+            block_max_1b = neg_inf
+            !$omp simd reduction(max:block_max_0b, block_max_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0b = max(block_max_0b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6))*min(64, n)))
+              block_max_1b = max(block_max_1b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6) + 1)*min(64, n)))
+            end do
+            new_max_0b = max(row_max_0b, block_max_0b)
+            new_max_1b = max(row_max_1b, block_max_1b)
+            rescale_0b = exp(row_max_0b - new_max_0b)
+            rescale_1b = exp(row_max_1b - new_max_1b)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                  & 6))*min(64, n)) - new_max_0b)
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                  & + 1)*min(64, n)) - new_max_1b)
+            end do
+            block_sum_0b = 0.0_c_float
+            block_sum_1b = 0.0_c_float
+            !$omp simd reduction(+:block_sum_0b, block_sum_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0b = block_sum_0b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6))*min(64, n))
+              block_sum_1b = block_sum_1b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6) + 1)*min(64, n))
+            end do
+            row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b
+            row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b
+            do c = 16*((dh) / 16), dh - 1
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile &
+                  & + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+            end do
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              o_1m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) * &
+                  & rescale_0b
+              o_2m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) * &
+                  & rescale_0b
+              o_3m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) * &
+                  & rescale_0b
+              o_4m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) * &
+                  & rescale_0b
+              o_5m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) * &
+                  & rescale_0b
+              o_6m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) * &
+                  & rescale_0b
+              o_7m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) * &
+                  & rescale_0b
+              o_8m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8) * &
+                  & rescale_0b
+              o_9m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9) * &
+                  & rescale_0b
+              o_10m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10) * &
+                  & rescale_0b
+              o_11m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11) * &
+                  & rescale_0b
+              o_12m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12) * &
+                  & rescale_0b
+              o_13m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13) * &
+                  & rescale_0b
+              o_14m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14) * &
+                  & rescale_0b
+              o_15m = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15) * &
+                  & rescale_0b
+              o_0n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                  & rescale_1b
+              o_1n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) * &
+                  & rescale_1b
+              o_2n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) * &
+                  & rescale_1b
+              o_3n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) * &
+                  & rescale_1b
+              o_4n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) * &
+                  & rescale_1b
+              o_5n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) * &
+                  & rescale_1b
+              o_6n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) * &
+                  & rescale_1b
+              o_7n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) * &
+                  & rescale_1b
+              o_8n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8) * &
+                  & rescale_1b
+              o_9n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9) * &
+                  & rescale_1b
+              o_10n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10) * &
+                  & rescale_1b
+              o_11n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11) * &
+                  & rescale_1b
+              o_12n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12) * &
+                  & rescale_1b
+              o_13n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13) * &
+                  & rescale_1b
+              o_14n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14) * &
+                  & rescale_1b
+              o_15n = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15) * &
+                  & rescale_1b
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0m = o_0m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)))
+                o_1m = o_1m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 1)
+                o_2m = o_2m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 2)
+                o_3m = o_3m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 3)
+                o_4m = o_4m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 4)
+                o_5m = o_5m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 5)
+                o_6m = o_6m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 6)
+                o_7m = o_7m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 7)
+                o_8m = o_8m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 8)
+                o_9m = o_9m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 9)
+                o_10m = o_10m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
+                o_11m = o_11m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
+                o_12m = o_12m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
+                o_13m = o_13m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
+                o_14m = o_14m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
+                o_15m = o_15m + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
+                o_0n = o_0n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)))
+                o_1n = o_1n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 1)
+                o_2n = o_2n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 2)
+                o_3n = o_3n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 3)
+                o_4n = o_4n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 4)
+                o_5n = o_5n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 5)
+                o_6n = o_6n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 6)
+                o_7n = o_7n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 7)
+                o_8n = o_8n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 8)
+                o_9n = o_9n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 9)
+                o_10n = o_10n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 10)
+                o_11n = o_11n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 11)
+                o_12n = o_12n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 12)
+                o_13n = o_13n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 13)
+                o_14n = o_14n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 14)
+                o_15n = o_15n + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 15)
+              end do
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = o_0m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) = o_1m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) = o_2m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) = o_3m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) = o_4m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) = o_5m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) = o_6m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) = o_7m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8) = o_8m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9) = o_9m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10) = o_10m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11) = o_11m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12) = o_12m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13) = o_13m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14) = o_14m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15) = o_15m
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = o_0n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) = o_1n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) = o_2n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) = o_3n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) = o_4n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) = o_5n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) = o_6n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) = o_7n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8) = o_8n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9) = o_9n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10) = o_10n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11) = o_11n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12) = o_12n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13) = o_13n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14) = o_14n
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15) = o_15n
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, &
+                  & n))
+              t_1b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + &
+                  & 1)*min(64, n))
+              do c = 16*((dh) / 16), dh - 1
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                    & n*(b*heads + h) + 6*((n) / 6))) + t_0b * V(V_row + c)
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + &
+                    & dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) + t_1b * V(V_row + c)
+              end do
+            end do
+            row_max_0b = new_max_0b
+            row_max_1b = new_max_1b
+          end do
+          do j_blk = min(((n + 63) / 64), ((2*i_tile + 6*((n) / 6) + 1) / 64)), min(((n + 63) / &
+              & 64), ((2*i_tile + 6*((n) / 6) + 1) / 64) + 1) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+              qk_0b_0b = 0.0_c_float
+              qk_0b_1b = 0.0_c_float
+              qk_0b_2b = 0.0_c_float
+              qk_0b_3b = 0.0_c_float
+              qk_0b_4b = 0.0_c_float
+              qk_0b_5b = 0.0_c_float
+              qk_0b_6b = 0.0_c_float
+              qk_0b_7b = 0.0_c_float
+              qk_0b_8b = 0.0_c_float
+              qk_0b_9b = 0.0_c_float
+              qk_0b_10b = 0.0_c_float
+              qk_0b_11b = 0.0_c_float
+              qk_0b_12b = 0.0_c_float
+              qk_0b_13b = 0.0_c_float
+              qk_0b_14b = 0.0_c_float
+              qk_0b_15b = 0.0_c_float
+              qk_1b_0b = 0.0_c_float
+              qk_1b_1b = 0.0_c_float
+              qk_1b_2b = 0.0_c_float
+              qk_1b_3b = 0.0_c_float
+              qk_1b_4b = 0.0_c_float
+              qk_1b_5b = 0.0_c_float
+              qk_1b_6b = 0.0_c_float
+              qk_1b_7b = 0.0_c_float
+              qk_1b_8b = 0.0_c_float
+              qk_1b_9b = 0.0_c_float
+              qk_1b_10b = 0.0_c_float
+              qk_1b_11b = 0.0_c_float
+              qk_1b_12b = 0.0_c_float
+              qk_1b_13b = 0.0_c_float
+              qk_1b_14b = 0.0_c_float
+              qk_1b_15b = 0.0_c_float
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0b_0b = qk_0b_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_0b_1b = qk_0b_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_0b_2b = qk_0b_2b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_0b_3b = qk_0b_3b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_0b_4b = qk_0b_4b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_0b_5b = qk_0b_5b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_0b_6b = qk_0b_6b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_0b_7b = qk_0b_7b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_0b_8b = qk_0b_8b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_0b_9b = qk_0b_9b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_0b_10b = qk_0b_10b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_0b_11b = qk_0b_11b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_0b_12b = qk_0b_12b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_0b_13b = qk_0b_13b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_0b_14b = qk_0b_14b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_0b_15b = qk_0b_15b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_1b_0b = qk_1b_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1b_1b = qk_1b_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_1b_2b = qk_1b_2b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_1b_3b = qk_1b_3b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_1b_4b = qk_1b_4b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_1b_5b = qk_1b_5b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_1b_6b = qk_1b_6b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_1b_7b = qk_1b_7b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_1b_8b = qk_1b_8b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_1b_9b = qk_1b_9b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_1b_10b = qk_1b_10b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) &
+                    & * attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_1b_11b = qk_1b_11b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) &
+                    & * attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_1b_12b = qk_1b_12b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) &
+                    & * attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_1b_13b = qk_1b_13b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) &
+                    & * attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_1b_14b = qk_1b_14b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) &
+                    & * attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_1b_15b = qk_1b_15b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) &
+                    & * attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+              end do
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n)) = scale * qk_0b_0b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 1) = scale * qk_0b_1b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 2) = scale * qk_0b_2b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 3) = scale * qk_0b_3b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 4) = scale * qk_0b_4b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 5) = scale * qk_0b_5b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 6) = scale * qk_0b_6b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 7) = scale * qk_0b_7b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 8) = scale * qk_0b_8b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 9) = scale * qk_0b_9b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 10) = scale * qk_0b_10b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 11) = scale * qk_0b_11b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 12) = scale * qk_0b_12b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 13) = scale * qk_0b_13b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 14) = scale * qk_0b_14b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 15) = scale * qk_0b_15b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n)) = scale * qk_1b_0b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 1) = scale * qk_1b_1b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 2) = scale * qk_1b_2b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 3) = scale * qk_1b_3b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 4) = scale * qk_1b_4b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 5) = scale * qk_1b_5b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 6) = scale * qk_1b_6b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 7) = scale * qk_1b_7b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 8) = scale * qk_1b_8b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 9) = scale * qk_1b_9b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 10) = scale * qk_1b_10b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 11) = scale * qk_1b_11b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 12) = scale * qk_1b_12b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 13) = scale * qk_1b_13b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 14) = scale * qk_1b_14b
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 15) = scale * qk_1b_15b
+            end do
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
+              qk_0b = 0.0_c_float
+              qk_1b = 0.0_c_float
+              !$omp simd reduction(+:qk_0b, qk_1b)
+              do c = 0, dh - 1
+                qk_0b = qk_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * K(K_row + c)
+                qk_1b = qk_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & K(K_row + c)
+              end do
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & scale * qk_0b
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = scale * qk_1b
+            end do
+            block_max_0b = neg_inf
+            block_max_1b = neg_inf
+            !$omp simd reduction(max:block_max_0b, block_max_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0b = max(block_max_0b, merge(attn_probs(j - 64*j_blk + (2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))*min(64, n)), neg_inf, 2*i_tile + 6*((n) / 6) &
+                  & >= j))
+              block_max_1b = max(block_max_1b, merge(attn_probs(j - 64*j_blk + (2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, n)), neg_inf, 2*i_tile + 6*((n) / &
+                  & 6) + 1 >= j))
+            end do
+            new_max_0b = max(row_max_0b, block_max_0b)
+            new_max_1b = max(row_max_1b, block_max_1b)
+            rescale_0b = exp(row_max_0b - new_max_0b)
+            rescale_1b = exp(row_max_1b - new_max_1b)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & merge(exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                  & 6))*min(64, n)) - new_max_0b), 0.0_c_float, 2*i_tile + 6*((n) / 6) >= j)
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = merge(exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + &
+                  & 6*((n) / 6) + 1)*min(64, n)) - new_max_1b), 0.0_c_float, 2*i_tile + 6*((n) / &
+                  & 6) + 1 >= j)
+            end do
+            block_sum_0b = 0.0_c_float
+            block_sum_1b = 0.0_c_float
+            !$omp simd reduction(+:block_sum_0b, block_sum_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0b = block_sum_0b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6))*min(64, n))
+              block_sum_1b = block_sum_1b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6) + 1)*min(64, n))
+            end do
+            row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b
+            row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b
+            do c = 16*((dh) / 16), dh - 1
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile &
+                  & + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+            end do
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              o_1o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) * &
+                  & rescale_0b
+              o_2o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) * &
+                  & rescale_0b
+              o_3o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) * &
+                  & rescale_0b
+              o_4o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) * &
+                  & rescale_0b
+              o_5o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) * &
+                  & rescale_0b
+              o_6o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) * &
+                  & rescale_0b
+              o_7o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) * &
+                  & rescale_0b
+              o_8o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8) * &
+                  & rescale_0b
+              o_9o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9) * &
+                  & rescale_0b
+              o_10o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10) * &
+                  & rescale_0b
+              o_11o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11) * &
+                  & rescale_0b
+              o_12o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12) * &
+                  & rescale_0b
+              o_13o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13) * &
+                  & rescale_0b
+              o_14o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14) * &
+                  & rescale_0b
+              o_15o = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15) * &
+                  & rescale_0b
+              o_0p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                  & rescale_1b
+              o_1p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) * &
+                  & rescale_1b
+              o_2p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) * &
+                  & rescale_1b
+              o_3p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) * &
+                  & rescale_1b
+              o_4p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) * &
+                  & rescale_1b
+              o_5p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) * &
+                  & rescale_1b
+              o_6p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) * &
+                  & rescale_1b
+              o_7p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) * &
+                  & rescale_1b
+              o_8p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8) * &
+                  & rescale_1b
+              o_9p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9) * &
+                  & rescale_1b
+              o_10p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10) * &
+                  & rescale_1b
+              o_11p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11) * &
+                  & rescale_1b
+              o_12p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12) * &
+                  & rescale_1b
+              o_13p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13) * &
+                  & rescale_1b
+              o_14p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14) * &
+                  & rescale_1b
+              o_15p = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15) * &
+                  & rescale_1b
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0o = o_0o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)))
+                o_1o = o_1o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 1)
+                o_2o = o_2o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 2)
+                o_3o = o_3o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 3)
+                o_4o = o_4o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 4)
+                o_5o = o_5o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 5)
+                o_6o = o_6o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 6)
+                o_7o = o_7o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 7)
+                o_8o = o_8o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 8)
+                o_9o = o_9o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 9)
+                o_10o = o_10o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
+                o_11o = o_11o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
+                o_12o = o_12o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
+                o_13o = o_13o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
+                o_14o = o_14o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
+                o_15o = o_15o + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
+                o_0p = o_0p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)))
+                o_1p = o_1p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 1)
+                o_2p = o_2p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 2)
+                o_3p = o_3p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 3)
+                o_4p = o_4p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 4)
+                o_5p = o_5p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 5)
+                o_6p = o_6p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 6)
+                o_7p = o_7p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 7)
+                o_8p = o_8p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 8)
+                o_9p = o_9p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 9)
+                o_10p = o_10p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 10)
+                o_11p = o_11p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 11)
+                o_12p = o_12p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 12)
+                o_13p = o_13p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 13)
+                o_14p = o_14p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 14)
+                o_15p = o_15p + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 15)
+              end do
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = o_0o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) = o_1o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) = o_2o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) = o_3o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) = o_4o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) = o_5o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) = o_6o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) = o_7o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8) = o_8o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9) = o_9o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10) = o_10o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11) = o_11o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12) = o_12o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13) = o_13o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14) = o_14o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15) = o_15o
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = o_0p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) = o_1p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) = o_2p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) = o_3p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) = o_4p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) = o_5p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) = o_6p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) = o_7p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8) = o_8p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9) = o_9p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10) = o_10p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11) = o_11p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12) = o_12p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13) = o_13p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14) = o_14p
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15) = o_15p
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, &
+                  & n))
+              t_1b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + &
+                  & 1)*min(64, n))
+              do c = 16*((dh) / 16), dh - 1
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                    & n*(b*heads + h) + 6*((n) / 6))) + t_0b * V(V_row + c)
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + &
+                    & dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) + t_1b * V(V_row + c)
+              end do
+            end do
+            row_max_0b = new_max_0b
+            row_max_1b = new_max_1b
+          end do
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6))) / row_sum_0b
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6) + 1)) / row_sum_1b
+          end do
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) = row_max_0b + log(row_sum_0b)
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) = row_max_1b + log(row_sum_1b)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows.edge.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c (simd),
+    !     c_tile / c (register tile), c (simd), j (register tile)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
     !$omp&   row_max, &
     !$omp&   row_sum, &
+    !$omp&   qk_0c, &
+    !$omp&   qk_1c, &
+    !$omp&   qk_2b, &
+    !$omp&   qk_3b, &
+    !$omp&   qk_4b, &
+    !$omp&   qk_5b, &
+    !$omp&   qk_6, &
+    !$omp&   qk_7, &
+    !$omp&   qk_8, &
+    !$omp&   qk_9, &
+    !$omp&   qk_10, &
+    !$omp&   qk_11, &
+    !$omp&   qk_12, &
+    !$omp&   qk_13, &
+    !$omp&   qk_14, &
+    !$omp&   qk_15, &
     !$omp&   qk, &
     !$omp&   block_max, &
     !$omp&   new_max, &
     !$omp&   rescale, &
     !$omp&   block_sum, &
-    !$omp&   t)
+    !$omp&   o_0q, &
+    !$omp&   o_1q, &
+    !$omp&   o_2q, &
+    !$omp&   o_3q, &
+    !$omp&   o_4q, &
+    !$omp&   o_5q, &
+    !$omp&   o_6q, &
+    !$omp&   o_7q, &
+    !$omp&   o_8q, &
+    !$omp&   o_9q, &
+    !$omp&   o_10q, &
+    !$omp&   o_11q, &
+    !$omp&   o_12q, &
+    !$omp&   o_13q, &
+    !$omp&   o_14q, &
+    !$omp&   o_15q, &
+    !$omp&   t, &
+    !$omp&   qk_0d, &
+    !$omp&   qk_1d, &
+    !$omp&   qk_2c, &
+    !$omp&   qk_3c, &
+    !$omp&   qk_4c, &
+    !$omp&   qk_5c, &
+    !$omp&   qk_6b, &
+    !$omp&   qk_7b, &
+    !$omp&   qk_8b, &
+    !$omp&   qk_9b, &
+    !$omp&   qk_10b, &
+    !$omp&   qk_11b, &
+    !$omp&   qk_12b, &
+    !$omp&   qk_13b, &
+    !$omp&   qk_14b, &
+    !$omp&   qk_15b, &
+    !$omp&   o_0r, &
+    !$omp&   o_1r, &
+    !$omp&   o_2r, &
+    !$omp&   o_3r, &
+    !$omp&   o_4r, &
+    !$omp&   o_5r, &
+    !$omp&   o_6r, &
+    !$omp&   o_7r, &
+    !$omp&   o_8r, &
+    !$omp&   o_9r, &
+    !$omp&   o_10r, &
+    !$omp&   o_11r, &
+    !$omp&   o_12r, &
+    !$omp&   o_13r, &
+    !$omp&   o_14r, &
+    !$omp&   o_15r)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 6*((n) / 6), n - 1
+        do i = 6*((n) / 6) + 2*((n - 6*((n) / 6)) / 2), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_float
@@ -8289,7 +10242,91 @@ contains
           row_max = neg_inf
           row_sum = 0.0_c_float
           do j_blk = 0, ((i + 1) / 64) - 1
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+              qk_0c = 0.0_c_float
+              qk_1c = 0.0_c_float
+              qk_2b = 0.0_c_float
+              qk_3b = 0.0_c_float
+              qk_4b = 0.0_c_float
+              qk_5b = 0.0_c_float
+              qk_6 = 0.0_c_float
+              qk_7 = 0.0_c_float
+              qk_8 = 0.0_c_float
+              qk_9 = 0.0_c_float
+              qk_10 = 0.0_c_float
+              qk_11 = 0.0_c_float
+              qk_12 = 0.0_c_float
+              qk_13 = 0.0_c_float
+              qk_14 = 0.0_c_float
+              qk_15 = 0.0_c_float
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0c = qk_0c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1c = qk_1c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_2b = qk_2b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_3b = qk_3b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_4b = qk_4b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_5b = qk_5b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_6 = qk_6 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 6)
+                qk_7 = qk_7 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 7)
+                qk_8 = qk_8 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 8)
+                qk_9 = qk_9 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 9)
+                qk_10 = qk_10 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_11 = qk_11 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_12 = qk_12 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_13 = qk_13 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_14 = qk_14 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_15 = qk_15 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+              end do
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n)) = scale * qk_0c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_1c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_2b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_3b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_4b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_5b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 6) = scale * &
+                  & qk_6
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 7) = scale * &
+                  & qk_7
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 8) = scale * &
+                  & qk_8
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 9) = scale * &
+                  & qk_9
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 10) = scale * &
+                  & qk_10
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 11) = scale * &
+                  & qk_11
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 12) = scale * &
+                  & qk_12
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 13) = scale * &
+                  & qk_13
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 14) = scale * &
+                  & qk_14
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 15) = scale * &
+                  & qk_15
+            end do
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
@@ -8318,14 +10355,83 @@ contains
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
-            do c = 0, dh - 1
+            do c = 16*((dh) / 16), dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0q = attn(16*c_tile + dh*(i + n*(b*heads + h))) * rescale
+              o_1q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 1) * rescale
+              o_2q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 2) * rescale
+              o_3q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 3) * rescale
+              o_4q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 4) * rescale
+              o_5q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 5) * rescale
+              o_6q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 6) * rescale
+              o_7q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 7) * rescale
+              o_8q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 8) * rescale
+              o_9q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 9) * rescale
+              o_10q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 10) * rescale
+              o_11q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 11) * rescale
+              o_12q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 12) * rescale
+              o_13q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 13) * rescale
+              o_14q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 14) * rescale
+              o_15q = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 15) * rescale
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0q = o_0q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
+                o_1q = o_1q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
+                o_2q = o_2q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
+                o_3q = o_3q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
+                o_4q = o_4q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
+                o_5q = o_5q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
+                o_6q = o_6q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
+                o_7q = o_7q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
+                o_8q = o_8q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
+                o_9q = o_9q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
+                o_10q = o_10q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10)
+                o_11q = o_11q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11)
+                o_12q = o_12q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12)
+                o_13q = o_13q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13)
+                o_14q = o_14q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14)
+                o_15q = o_15q + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15)
+              end do
+              attn(16*c_tile + dh*(i + n*(b*heads + h))) = o_0q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 1) = o_1q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 2) = o_2q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 3) = o_3q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 4) = o_4q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 5) = o_5q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 6) = o_6q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 7) = o_7q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 8) = o_8q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 9) = o_9q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 10) = o_10q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 11) = o_11q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 12) = o_12q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 13) = o_13q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 14) = o_14q
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 15) = o_15q
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
-              do c = 0, dh - 1
+              do c = 16*((dh) / 16), dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
                     & V(V_row + c)
               end do
@@ -8333,7 +10439,91 @@ contains
             row_max = new_max
           end do
           do j_blk = ((i + 1) / 64), min(((i) / 64) + 1, ((n + 63) / 64)) - 1
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+              qk_0d = 0.0_c_float
+              qk_1d = 0.0_c_float
+              qk_2c = 0.0_c_float
+              qk_3c = 0.0_c_float
+              qk_4c = 0.0_c_float
+              qk_5c = 0.0_c_float
+              qk_6b = 0.0_c_float
+              qk_7b = 0.0_c_float
+              qk_8b = 0.0_c_float
+              qk_9b = 0.0_c_float
+              qk_10b = 0.0_c_float
+              qk_11b = 0.0_c_float
+              qk_12b = 0.0_c_float
+              qk_13b = 0.0_c_float
+              qk_14b = 0.0_c_float
+              qk_15b = 0.0_c_float
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0d = qk_0d + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1d = qk_1d + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_2c = qk_2c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_3c = qk_3c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_4c = qk_4c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_5c = qk_5c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_6b = qk_6b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_7b = qk_7b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_8b = qk_8b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_9b = qk_9b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_10b = qk_10b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_11b = qk_11b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_12b = qk_12b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_13b = qk_13b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_14b = qk_14b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_15b = qk_15b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+              end do
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n)) = scale * qk_0d
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_1d
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_2c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_3c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_4c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_5c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 6) = scale * &
+                  & qk_6b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 7) = scale * &
+                  & qk_7b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 8) = scale * &
+                  & qk_8b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 9) = scale * &
+                  & qk_9b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 10) = scale * &
+                  & qk_10b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 11) = scale * &
+                  & qk_11b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 12) = scale * &
+                  & qk_12b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 13) = scale * &
+                  & qk_13b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 14) = scale * &
+                  & qk_14b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 15) = scale * &
+                  & qk_15b
+            end do
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
@@ -8363,14 +10553,83 @@ contains
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
-            do c = 0, dh - 1
+            do c = 16*((dh) / 16), dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0r = attn(16*c_tile + dh*(i + n*(b*heads + h))) * rescale
+              o_1r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 1) * rescale
+              o_2r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 2) * rescale
+              o_3r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 3) * rescale
+              o_4r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 4) * rescale
+              o_5r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 5) * rescale
+              o_6r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 6) * rescale
+              o_7r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 7) * rescale
+              o_8r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 8) * rescale
+              o_9r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 9) * rescale
+              o_10r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 10) * rescale
+              o_11r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 11) * rescale
+              o_12r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 12) * rescale
+              o_13r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 13) * rescale
+              o_14r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 14) * rescale
+              o_15r = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 15) * rescale
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0r = o_0r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
+                o_1r = o_1r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
+                o_2r = o_2r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
+                o_3r = o_3r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
+                o_4r = o_4r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
+                o_5r = o_5r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
+                o_6r = o_6r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
+                o_7r = o_7r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
+                o_8r = o_8r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
+                o_9r = o_9r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
+                o_10r = o_10r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10)
+                o_11r = o_11r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11)
+                o_12r = o_12r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12)
+                o_13r = o_13r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13)
+                o_14r = o_14r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14)
+                o_15r = o_15r + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15)
+              end do
+              attn(16*c_tile + dh*(i + n*(b*heads + h))) = o_0r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 1) = o_1r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 2) = o_2r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 3) = o_3r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 4) = o_4r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 5) = o_5r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 6) = o_6r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 7) = o_7r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 8) = o_8r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 9) = o_9r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 10) = o_10r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 11) = o_11r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 12) = o_12r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 13) = o_13r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 14) = o_14r
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 15) = o_15r
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
-              do c = 0, dh - 1
+              do c = 16*((dh) / 16), dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
                     & V(V_row + c)
               end do

@@ -1233,13 +1233,201 @@ void block_fwd_composed_f64(
             }
         }
     }
-    /* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
-     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
+    /* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+     * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+     *     c_tile / c (register tile), c (simd), j (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 6*((n) / 6); i < n; ++i) {
+            for (int64_t i_tile = 0; i_tile < ((n - 6*((n) / 6)) / 2); ++i_tile) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = 0.0;
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = 0.0;
+                }
+                double row_max_0b = -INFINITY;
+                double row_max_1b = -INFINITY;
+                double row_sum_0b = 0.0;
+                double row_sum_1b = 0.0;
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+                    for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
+                        double qk_0b_0 = 0.0;
+                        double qk_0b_1 = 0.0;
+                        double qk_0b_2 = 0.0;
+                        double qk_0b_3 = 0.0;
+                        double qk_0b_4 = 0.0;
+                        double qk_0b_5 = 0.0;
+                        double qk_0b_6 = 0.0;
+                        double qk_0b_7 = 0.0;
+                        double qk_1b_0 = 0.0;
+                        double qk_1b_1 = 0.0;
+                        double qk_1b_2 = 0.0;
+                        double qk_1b_3 = 0.0;
+                        double qk_1b_4 = 0.0;
+                        double qk_1b_5 = 0.0;
+                        double qk_1b_6 = 0.0;
+                        double qk_1b_7 = 0.0;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0b_0 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                            qk_0b_1 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                            qk_0b_2 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                            qk_0b_3 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                            qk_0b_4 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                            qk_0b_5 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                            qk_0b_6 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                            qk_0b_7 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                            qk_1b_0 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                            qk_1b_1 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                            qk_1b_2 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                            qk_1b_3 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                            qk_1b_4 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                            qk_1b_5 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                            qk_1b_6 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                            qk_1b_7 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                        }
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] = scale * qk_0b_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 1] = scale * qk_0b_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 2] = scale * qk_0b_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 3] = scale * qk_0b_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 4] = scale * qk_0b_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 5] = scale * qk_0b_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 6] = scale * qk_0b_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 7] = scale * qk_0b_7;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] = scale * qk_1b_0;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1b_1;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1b_2;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1b_3;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1b_4;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1b_5;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1b_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1b_7;
+                    }
+                    for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = dh*(j + n*(b*heads + h));
+                        double qk_0b = 0.0;
+                        double qk_1b = 0.0;
+                        #pragma omp simd reduction(+:qk_0b, qk_1b)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0b += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * K[K_row + c];
+                            qk_1b += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * K[K_row + c];
+                        }
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] = scale * qk_0b;
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] = scale * qk_1b;
+                    }
+                    double block_max_0b = -INFINITY;
+                    double block_max_1b = -INFINITY;
+                    #pragma omp simd reduction(max:block_max_0b, block_max_1b)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_max_0b = max_double(block_max_0b, attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)]);
+                        block_max_1b = max_double(block_max_1b, attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)]);
+                    }
+                    const double new_max_0b = max_double(row_max_0b, block_max_0b);
+                    const double new_max_1b = max_double(row_max_1b, block_max_1b);
+                    const double rescale_0b = exp(row_max_0b - new_max_0b);
+                    const double rescale_1b = exp(row_max_1b - new_max_1b);
+                    #pragma omp simd
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] - new_max_0b);
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] = exp(attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] - new_max_1b);
+                    }
+                    double block_sum_0b = 0.0;
+                    double block_sum_1b = 0.0;
+                    #pragma omp simd reduction(+:block_sum_0b, block_sum_1b)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_sum_0b += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)];
+                        block_sum_1b += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)];
+                    }
+                    row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b;
+                    row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b;
+                    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                        attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * rescale_0b;
+                        attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * rescale_1b;
+                    }
+                    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                        double o_0g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * rescale_0b;
+                        double o_1g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1] * rescale_0b;
+                        double o_2g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2] * rescale_0b;
+                        double o_3g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3] * rescale_0b;
+                        double o_4g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4] * rescale_0b;
+                        double o_5g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5] * rescale_0b;
+                        double o_6g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6] * rescale_0b;
+                        double o_7g = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7] * rescale_0b;
+                        double o_0h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * rescale_1b;
+                        double o_1h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1] * rescale_1b;
+                        double o_2h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2] * rescale_1b;
+                        double o_3h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3] * rescale_1b;
+                        double o_4h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4] * rescale_1b;
+                        double o_5h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5] * rescale_1b;
+                        double o_6h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6] * rescale_1b;
+                        double o_7h = attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7] * rescale_1b;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                            o_0g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                            o_0h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                        }
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = o_0g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1] = o_1g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2] = o_2g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3] = o_3g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4] = o_4g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5] = o_5g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6] = o_6g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7] = o_7g;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = o_0h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1] = o_1h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2] = o_2h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3] = o_3h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4] = o_4h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5] = o_5h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6] = o_6h;
+                        attn[8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7] = o_7h;
+                    }
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = dh*(j + n*(b*heads + h));
+                        const double t_0b = attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)];
+                        const double t_1b = attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)];
+                        for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
+                            attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] += t_0b * V[V_row + c];
+                            attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] += t_1b * V[V_row + c];
+                        }
+                    }
+                    row_max_0b = new_max_0b;
+                    row_max_1b = new_max_1b;
+                }
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] / row_sum_0b;
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] / row_sum_1b;
+                }
+                lse[2*i_tile + n*(b*heads + h) + 6*((n) / 6)] = row_max_0b + log(row_sum_0b);
+                lse[2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1] = row_max_1b + log(row_sum_1b);
+            }
+        }
+    }
+    /* attn.rows.edge.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c (simd),
+     *     c_tile / c (register tile), c (simd), j (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static, 1)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 6*((n) / 6) + 2*((n - 6*((n) / 6)) / 2); i < n; ++i) {
                 #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     attn[c + dh*(i + n*(b*heads + h))] = 0.0;
@@ -1247,7 +1435,36 @@ void block_fwd_composed_f64(
                 double row_max = -INFINITY;
                 double row_sum = 0.0;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
+                        double qk_0c = 0.0;
+                        double qk_1c = 0.0;
+                        double qk_2b = 0.0;
+                        double qk_3b = 0.0;
+                        double qk_4b = 0.0;
+                        double qk_5b = 0.0;
+                        double qk_6 = 0.0;
+                        double qk_7 = 0.0;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0c += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8))];
+                            qk_1c += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1];
+                            qk_2b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2];
+                            qk_3b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3];
+                            qk_4b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4];
+                            qk_5b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5];
+                            qk_6 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6];
+                            qk_7 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7];
+                        }
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0c;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_1c;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_2b;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_3b;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_4b;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_5b;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_6;
+                        attn_probs[-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_7;
+                    }
+                    for (int64_t j = 8*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = dh*(j + n*(b*heads + h));
                         double qk = 0.0;
                         #pragma omp simd reduction(+:qk)
@@ -1274,14 +1491,43 @@ void block_fwd_composed_f64(
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
-                    for (int64_t c = 0; c < dh; ++c) {
+                    for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+                    }
+                    for (int64_t c_tile = 0; c_tile < ((dh) / 8); ++c_tile) {
+                        double o_0i = attn[8*c_tile + dh*(i + n*(b*heads + h))] * rescale;
+                        double o_1i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 1] * rescale;
+                        double o_2i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 2] * rescale;
+                        double o_3i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 3] * rescale;
+                        double o_4i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 4] * rescale;
+                        double o_5i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 5] * rescale;
+                        double o_6i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 6] * rescale;
+                        double o_7i = attn[8*c_tile + dh*(i + n*(b*heads + h)) + 7] * rescale;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                            o_0i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8))];
+                            o_1i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1];
+                            o_2i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2];
+                            o_3i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3];
+                            o_4i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4];
+                            o_5i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5];
+                            o_6i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6];
+                            o_7i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7];
+                        }
+                        attn[8*c_tile + dh*(i + n*(b*heads + h))] = o_0i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 1] = o_1i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 2] = o_2i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 3] = o_3i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 4] = o_4i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 5] = o_5i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 6] = o_6i;
+                        attn[8*c_tile + dh*(i + n*(b*heads + h)) + 7] = o_7i;
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
                         const double t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
-                        for (int64_t c = 0; c < dh; ++c) {
+                        for (int64_t c = 8*((dh) / 8); c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }
@@ -4018,13 +4264,297 @@ void block_fwd_composed_f32(
             }
         }
     }
-    /* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
-     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
+    /* attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+     * for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+     *     c_tile / c (register tile), c (simd), j (register tile), c
      */
     #pragma omp parallel for collapse(3) schedule(static, 1)
     for (int64_t b = 0; b < batch; ++b) {
         for (int64_t h = 0; h < heads; ++h) {
-            for (int64_t i = 6*((n) / 6); i < n; ++i) {
+            for (int64_t i_tile = 0; i_tile < ((n - 6*((n) / 6)) / 2); ++i_tile) {
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = 0.0f;
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = 0.0f;
+                }
+                float row_max_0b = -INFINITY;
+                float row_max_1b = -INFINITY;
+                float row_sum_0b = 0.0f;
+                float row_sum_1b = 0.0f;
+                for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
+                    for (int64_t j_tile = 4*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); ++j_tile) {
+                        float qk_0b_0 = 0.0f;
+                        float qk_0b_1 = 0.0f;
+                        float qk_0b_2 = 0.0f;
+                        float qk_0b_3 = 0.0f;
+                        float qk_0b_4 = 0.0f;
+                        float qk_0b_5 = 0.0f;
+                        float qk_0b_6 = 0.0f;
+                        float qk_0b_7 = 0.0f;
+                        float qk_0b_8 = 0.0f;
+                        float qk_0b_9 = 0.0f;
+                        float qk_0b_10 = 0.0f;
+                        float qk_0b_11 = 0.0f;
+                        float qk_0b_12 = 0.0f;
+                        float qk_0b_13 = 0.0f;
+                        float qk_0b_14 = 0.0f;
+                        float qk_0b_15 = 0.0f;
+                        float qk_1b_0 = 0.0f;
+                        float qk_1b_1 = 0.0f;
+                        float qk_1b_2 = 0.0f;
+                        float qk_1b_3 = 0.0f;
+                        float qk_1b_4 = 0.0f;
+                        float qk_1b_5 = 0.0f;
+                        float qk_1b_6 = 0.0f;
+                        float qk_1b_7 = 0.0f;
+                        float qk_1b_8 = 0.0f;
+                        float qk_1b_9 = 0.0f;
+                        float qk_1b_10 = 0.0f;
+                        float qk_1b_11 = 0.0f;
+                        float qk_1b_12 = 0.0f;
+                        float qk_1b_13 = 0.0f;
+                        float qk_1b_14 = 0.0f;
+                        float qk_1b_15 = 0.0f;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0b_0 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16))];
+                            qk_0b_1 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1];
+                            qk_0b_2 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2];
+                            qk_0b_3 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3];
+                            qk_0b_4 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4];
+                            qk_0b_5 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5];
+                            qk_0b_6 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6];
+                            qk_0b_7 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7];
+                            qk_0b_8 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8];
+                            qk_0b_9 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9];
+                            qk_0b_10 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10];
+                            qk_0b_11 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11];
+                            qk_0b_12 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12];
+                            qk_0b_13 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13];
+                            qk_0b_14 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14];
+                            qk_0b_15 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15];
+                            qk_1b_0 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16))];
+                            qk_1b_1 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1];
+                            qk_1b_2 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2];
+                            qk_1b_3 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3];
+                            qk_1b_4 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4];
+                            qk_1b_5 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5];
+                            qk_1b_6 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6];
+                            qk_1b_7 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7];
+                            qk_1b_8 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8];
+                            qk_1b_9 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9];
+                            qk_1b_10 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10];
+                            qk_1b_11 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11];
+                            qk_1b_12 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12];
+                            qk_1b_13 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13];
+                            qk_1b_14 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14];
+                            qk_1b_15 += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15];
+                        }
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] = scale * qk_0b_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 1] = scale * qk_0b_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 2] = scale * qk_0b_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 3] = scale * qk_0b_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 4] = scale * qk_0b_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 5] = scale * qk_0b_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 6] = scale * qk_0b_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 7] = scale * qk_0b_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 8] = scale * qk_0b_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 9] = scale * qk_0b_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 10] = scale * qk_0b_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 11] = scale * qk_0b_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 12] = scale * qk_0b_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 13] = scale * qk_0b_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 14] = scale * qk_0b_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n) + 15] = scale * qk_0b_15;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] = scale * qk_1b_0;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 1] = scale * qk_1b_1;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 2] = scale * qk_1b_2;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 3] = scale * qk_1b_3;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 4] = scale * qk_1b_4;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 5] = scale * qk_1b_5;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 6] = scale * qk_1b_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 7] = scale * qk_1b_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 8] = scale * qk_1b_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 9] = scale * qk_1b_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 10] = scale * qk_1b_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 11] = scale * qk_1b_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 12] = scale * qk_1b_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 13] = scale * qk_1b_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 14] = scale * qk_1b_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n) + 15] = scale * qk_1b_15;
+                    }
+                    for (int64_t j = 16*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t K_row = dh*(j + n*(b*heads + h));
+                        float qk_0b = 0.0f;
+                        float qk_1b = 0.0f;
+                        #pragma omp simd reduction(+:qk_0b, qk_1b)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0b += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * K[K_row + c];
+                            qk_1b += Q[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * K[K_row + c];
+                        }
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] = scale * qk_0b;
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] = scale * qk_1b;
+                    }
+                    float block_max_0b = -INFINITY;
+                    float block_max_1b = -INFINITY;
+                    #pragma omp simd reduction(max:block_max_0b, block_max_1b)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_max_0b = max_float(block_max_0b, attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)]);
+                        block_max_1b = max_float(block_max_1b, attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)]);
+                    }
+                    const float new_max_0b = max_float(row_max_0b, block_max_0b);
+                    const float new_max_1b = max_float(row_max_1b, block_max_1b);
+                    const float rescale_0b = expf(row_max_0b - new_max_0b);
+                    const float rescale_1b = expf(row_max_1b - new_max_1b);
+                    #pragma omp simd
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] - new_max_0b);
+                        attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] = expf(attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] - new_max_1b);
+                    }
+                    float block_sum_0b = 0.0f;
+                    float block_sum_1b = 0.0f;
+                    #pragma omp simd reduction(+:block_sum_0b, block_sum_1b)
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        block_sum_0b += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)];
+                        block_sum_1b += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)];
+                    }
+                    row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b;
+                    row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b;
+                    for (int64_t c = 16*((dh) / 16); c < dh; ++c) {
+                        attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * rescale_0b;
+                        attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * rescale_1b;
+                    }
+                    for (int64_t c_tile = 0; c_tile < ((dh) / 16); ++c_tile) {
+                        float o_0g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] * rescale_0b;
+                        float o_1g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1] * rescale_0b;
+                        float o_2g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2] * rescale_0b;
+                        float o_3g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3] * rescale_0b;
+                        float o_4g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4] * rescale_0b;
+                        float o_5g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5] * rescale_0b;
+                        float o_6g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6] * rescale_0b;
+                        float o_7g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7] * rescale_0b;
+                        float o_8g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8] * rescale_0b;
+                        float o_9g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9] * rescale_0b;
+                        float o_10g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10] * rescale_0b;
+                        float o_11g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11] * rescale_0b;
+                        float o_12g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12] * rescale_0b;
+                        float o_13g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13] * rescale_0b;
+                        float o_14g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14] * rescale_0b;
+                        float o_15g = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15] * rescale_0b;
+                        float o_0h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] * rescale_1b;
+                        float o_1h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1] * rescale_1b;
+                        float o_2h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2] * rescale_1b;
+                        float o_3h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3] * rescale_1b;
+                        float o_4h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4] * rescale_1b;
+                        float o_5h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5] * rescale_1b;
+                        float o_6h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6] * rescale_1b;
+                        float o_7h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7] * rescale_1b;
+                        float o_8h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8] * rescale_1b;
+                        float o_9h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9] * rescale_1b;
+                        float o_10h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10] * rescale_1b;
+                        float o_11h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11] * rescale_1b;
+                        float o_12h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12] * rescale_1b;
+                        float o_13h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13] * rescale_1b;
+                        float o_14h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14] * rescale_1b;
+                        float o_15h = attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15] * rescale_1b;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                            o_0g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15g += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                            o_0h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15h += attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                        }
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = o_0g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1] = o_1g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2] = o_2g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3] = o_3g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4] = o_4g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5] = o_5g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6] = o_6g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7] = o_7g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8] = o_8g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9] = o_9g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10] = o_10g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11] = o_11g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12] = o_12g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13] = o_13g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14] = o_14g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15] = o_15g;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = o_0h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1] = o_1h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2] = o_2h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3] = o_3h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4] = o_4h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5] = o_5h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6] = o_6h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7] = o_7h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8] = o_8h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9] = o_9h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10] = o_10h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11] = o_11h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12] = o_12h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13] = o_13h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14] = o_14h;
+                        attn[16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15] = o_15h;
+                    }
+                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                        const int64_t V_row = dh*(j + n*(b*heads + h));
+                        const float t_0b = attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*(64 < n ? 64 : n)];
+                        const float t_1b = attn_probs[j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*(64 < n ? 64 : n)];
+                        for (int64_t c = 16*((dh) / 16); c < dh; ++c) {
+                            attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] += t_0b * V[V_row + c];
+                            attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] += t_1b * V[V_row + c];
+                        }
+                    }
+                    row_max_0b = new_max_0b;
+                    row_max_1b = new_max_1b;
+                }
+                #pragma omp simd
+                for (int64_t c = 0; c < dh; ++c) {
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))] / row_sum_0b;
+                    attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] = attn[c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)] / row_sum_1b;
+                }
+                lse[2*i_tile + n*(b*heads + h) + 6*((n) / 6)] = row_max_0b + logf(row_sum_0b);
+                lse[2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1] = row_max_1b + logf(row_sum_1b);
+            }
+        }
+    }
+    /* attn.rows.edge.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+     * for b, h, i (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c (simd),
+     *     c_tile / c (register tile), c (simd), j (register tile)
+     */
+    #pragma omp parallel for collapse(3) schedule(static, 1)
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t h = 0; h < heads; ++h) {
+            for (int64_t i = 6*((n) / 6) + 2*((n - 6*((n) / 6)) / 2); i < n; ++i) {
                 #pragma omp simd
                 for (int64_t c = 0; c < dh; ++c) {
                     attn[c + dh*(i + n*(b*heads + h))] = 0.0f;
@@ -4032,7 +4562,60 @@ void block_fwd_composed_f32(
                 float row_max = -INFINITY;
                 float row_sum = 0.0f;
                 for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
-                    for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                    for (int64_t j_tile = 4*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); ++j_tile) {
+                        float qk_0c = 0.0f;
+                        float qk_1c = 0.0f;
+                        float qk_2b = 0.0f;
+                        float qk_3b = 0.0f;
+                        float qk_4b = 0.0f;
+                        float qk_5b = 0.0f;
+                        float qk_6 = 0.0f;
+                        float qk_7 = 0.0f;
+                        float qk_8 = 0.0f;
+                        float qk_9 = 0.0f;
+                        float qk_10 = 0.0f;
+                        float qk_11 = 0.0f;
+                        float qk_12 = 0.0f;
+                        float qk_13 = 0.0f;
+                        float qk_14 = 0.0f;
+                        float qk_15 = 0.0f;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t c = 0; c < dh; ++c) {
+                            qk_0c += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16))];
+                            qk_1c += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1];
+                            qk_2b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2];
+                            qk_3b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3];
+                            qk_4b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4];
+                            qk_5b += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5];
+                            qk_6 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6];
+                            qk_7 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7];
+                            qk_8 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8];
+                            qk_9 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9];
+                            qk_10 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10];
+                            qk_11 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11];
+                            qk_12 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12];
+                            qk_13 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13];
+                            qk_14 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14];
+                            qk_15 += Q[c + dh*(i + n*(b*heads + h))] * attn_K_panel[16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15];
+                        }
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n)] = scale * qk_0c;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 1] = scale * qk_1c;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 2] = scale * qk_2b;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 3] = scale * qk_3b;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 4] = scale * qk_4b;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 5] = scale * qk_5b;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 6] = scale * qk_6;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 7] = scale * qk_7;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 8] = scale * qk_8;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 9] = scale * qk_9;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 10] = scale * qk_10;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 11] = scale * qk_11;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 12] = scale * qk_12;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 13] = scale * qk_13;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 14] = scale * qk_14;
+                        attn_probs[-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*(64 < n ? 64 : n) + 15] = scale * qk_15;
+                    }
+                    for (int64_t j = 16*(((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t K_row = dh*(j + n*(b*heads + h));
                         float qk = 0.0f;
                         #pragma omp simd reduction(+:qk)
@@ -4059,14 +4642,67 @@ void block_fwd_composed_f32(
                     }
                     row_sum = row_sum * rescale + block_sum;
                     #pragma omp simd
-                    for (int64_t c = 0; c < dh; ++c) {
+                    for (int64_t c = 16*((dh) / 16); c < dh; ++c) {
                         attn[c + dh*(i + n*(b*heads + h))] = attn[c + dh*(i + n*(b*heads + h))] * rescale;
+                    }
+                    for (int64_t c_tile = 0; c_tile < ((dh) / 16); ++c_tile) {
+                        float o_0i = attn[16*c_tile + dh*(i + n*(b*heads + h))] * rescale;
+                        float o_1i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 1] * rescale;
+                        float o_2i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 2] * rescale;
+                        float o_3i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 3] * rescale;
+                        float o_4i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 4] * rescale;
+                        float o_5i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 5] * rescale;
+                        float o_6i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 6] * rescale;
+                        float o_7i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 7] * rescale;
+                        float o_8i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 8] * rescale;
+                        float o_9i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 9] * rescale;
+                        float o_10i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 10] * rescale;
+                        float o_11i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 11] * rescale;
+                        float o_12i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 12] * rescale;
+                        float o_13i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 13] * rescale;
+                        float o_14i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 14] * rescale;
+                        float o_15i = attn[16*c_tile + dh*(i + n*(b*heads + h)) + 15] * rescale;
+                        #pragma omp simd if(simd: 0)
+                        for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
+                            o_0i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16))];
+                            o_1i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1];
+                            o_2i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2];
+                            o_3i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3];
+                            o_4i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4];
+                            o_5i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5];
+                            o_6i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6];
+                            o_7i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7];
+                            o_8i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8];
+                            o_9i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9];
+                            o_10i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10];
+                            o_11i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11];
+                            o_12i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12];
+                            o_13i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13];
+                            o_14i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14];
+                            o_15i += attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)] * attn_V_panel[16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15];
+                        }
+                        attn[16*c_tile + dh*(i + n*(b*heads + h))] = o_0i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 1] = o_1i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 2] = o_2i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 3] = o_3i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 4] = o_4i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 5] = o_5i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 6] = o_6i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 7] = o_7i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 8] = o_8i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 9] = o_9i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 10] = o_10i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 11] = o_11i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 12] = o_12i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 13] = o_13i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 14] = o_14i;
+                        attn[16*c_tile + dh*(i + n*(b*heads + h)) + 15] = o_15i;
                     }
                     for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                         const int64_t V_row = dh*(j + n*(b*heads + h));
                         const float t = attn_probs[j - 64*j_blk + (i + n*(b*heads + h))*(64 < n ? 64 : n)];
                         #pragma omp simd
-                        for (int64_t c = 0; c < dh; ++c) {
+                        for (int64_t c = 16*((dh) / 16); c < dh; ++c) {
                             attn[c + dh*(i + n*(b*heads + h))] += t * V[V_row + c];
                         }
                     }

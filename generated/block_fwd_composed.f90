@@ -134,8 +134,14 @@ contains
         & o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
         & o_7c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, &
         & o_5e, o_6e, o_7e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t_0, t_1, t_2, t_3, &
-        & t_4, t_5, row_max, row_sum, qk, block_max, new_max, rescale, block_sum, t, heads_sum, &
-        & ow, xg, xu, hw
+        & t_4, t_5, row_max_0b, row_max_1b, row_sum_0b, row_sum_1b, qk_0b_0, qk_0b_1, qk_0b_2, &
+        & qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_1b_0, qk_1b_1, qk_1b_2, qk_1b_3, &
+        & qk_1b_4, qk_1b_5, qk_1b_6, qk_1b_7, qk_0b, qk_1b, block_max_0b, block_max_1b, &
+        & new_max_0b, new_max_1b, rescale_0b, rescale_1b, block_sum_0b, block_sum_1b, o_0g, o_1g, &
+        & o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, &
+        & t_0b, t_1b, row_max, row_sum, qk_0c, qk_1c, qk_2b, qk_3b, qk_4b, qk_5b, qk_6, qk_7, qk, &
+        & block_max, new_max, rescale, block_sum, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, o_6i, o_7i, &
+        & t, heads_sum, ow, xg, xu, hw
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -1919,25 +1925,374 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
-    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
+    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
+    !$omp&   j_tile, &
     !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0b, &
+    !$omp&   row_max_1b, &
+    !$omp&   row_sum_0b, &
+    !$omp&   row_sum_1b, &
+    !$omp&   qk_0b_0, &
+    !$omp&   qk_0b_1, &
+    !$omp&   qk_0b_2, &
+    !$omp&   qk_0b_3, &
+    !$omp&   qk_0b_4, &
+    !$omp&   qk_0b_5, &
+    !$omp&   qk_0b_6, &
+    !$omp&   qk_0b_7, &
+    !$omp&   qk_1b_0, &
+    !$omp&   qk_1b_1, &
+    !$omp&   qk_1b_2, &
+    !$omp&   qk_1b_3, &
+    !$omp&   qk_1b_4, &
+    !$omp&   qk_1b_5, &
+    !$omp&   qk_1b_6, &
+    !$omp&   qk_1b_7, &
+    !$omp&   qk_0b, &
+    !$omp&   qk_1b, &
+    !$omp&   block_max_0b, &
+    !$omp&   block_max_1b, &
+    !$omp&   new_max_0b, &
+    !$omp&   new_max_1b, &
+    !$omp&   rescale_0b, &
+    !$omp&   rescale_1b, &
+    !$omp&   block_sum_0b, &
+    !$omp&   block_sum_1b, &
+    !$omp&   o_0g, &
+    !$omp&   o_1g, &
+    !$omp&   o_2g, &
+    !$omp&   o_3g, &
+    !$omp&   o_4g, &
+    !$omp&   o_5g, &
+    !$omp&   o_6g, &
+    !$omp&   o_7g, &
+    !$omp&   o_0h, &
+    !$omp&   o_1h, &
+    !$omp&   o_2h, &
+    !$omp&   o_3h, &
+    !$omp&   o_4h, &
+    !$omp&   o_5h, &
+    !$omp&   o_6h, &
+    !$omp&   o_7h, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i_tile = 0, ((n - 6*((n) / 6)) / 2) - 1
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = 0.0_c_double
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = 0.0_c_double
+          end do
+          row_max_0b = neg_inf
+          row_max_1b = neg_inf
+          row_sum_0b = 0.0_c_double
+          row_sum_1b = 0.0_c_double
+          do j_blk = 0, ((n + 63) / 64) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
+              qk_0b_0 = 0.0_c_double
+              qk_0b_1 = 0.0_c_double
+              qk_0b_2 = 0.0_c_double
+              qk_0b_3 = 0.0_c_double
+              qk_0b_4 = 0.0_c_double
+              qk_0b_5 = 0.0_c_double
+              qk_0b_6 = 0.0_c_double
+              qk_0b_7 = 0.0_c_double
+              qk_1b_0 = 0.0_c_double
+              qk_1b_1 = 0.0_c_double
+              qk_1b_2 = 0.0_c_double
+              qk_1b_3 = 0.0_c_double
+              qk_1b_4 = 0.0_c_double
+              qk_1b_5 = 0.0_c_double
+              qk_1b_6 = 0.0_c_double
+              qk_1b_7 = 0.0_c_double
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0b_0 = qk_0b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_0b_1 = qk_0b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_0b_2 = qk_0b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_0b_3 = qk_0b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_0b_4 = qk_0b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_0b_5 = qk_0b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_0b_6 = qk_0b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_0b_7 = qk_0b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+                qk_1b_0 = qk_1b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)))
+                qk_1b_1 = qk_1b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 1)
+                qk_1b_2 = qk_1b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 2)
+                qk_1b_3 = qk_1b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 3)
+                qk_1b_4 = qk_1b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 4)
+                qk_1b_5 = qk_1b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 5)
+                qk_1b_6 = qk_1b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 6)
+                qk_1b_7 = qk_1b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(8*c + 8*dh*(j_tile + (b*heads + h)*((n) / 8)) + 7)
+              end do
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n)) = scale * qk_0b_0
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 1) = scale * qk_0b_1
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 2) = scale * qk_0b_2
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 3) = scale * qk_0b_3
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 4) = scale * qk_0b_4
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 5) = scale * qk_0b_5
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 6) = scale * qk_0b_6
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64 &
+      , n) + 7) = scale * qk_0b_7
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n)) = scale * qk_1b_0
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 1) = scale * qk_1b_1
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 2) = scale * qk_1b_2
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 3) = scale * qk_1b_3
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 4) = scale * qk_1b_4
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 5) = scale * qk_1b_5
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 6) = scale * qk_1b_6
+              attn_probs(-64*j_blk + 8*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 7) = scale * qk_1b_7
+            end do
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
+              qk_0b = 0.0_c_double
+              qk_1b = 0.0_c_double
+              !$omp simd reduction(+:qk_0b, qk_1b)
+              do c = 0, dh - 1
+                qk_0b = qk_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * K(K_row + c)
+                qk_1b = qk_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & K(K_row + c)
+              end do
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & scale * qk_0b
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = scale * qk_1b
+            end do
+            block_max_0b = neg_inf
+            block_max_1b = neg_inf
+            !$omp simd reduction(max:block_max_0b, block_max_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0b = max(block_max_0b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6))*min(64, n)))
+              block_max_1b = max(block_max_1b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6) + 1)*min(64, n)))
+            end do
+            new_max_0b = max(row_max_0b, block_max_0b)
+            new_max_1b = max(row_max_1b, block_max_1b)
+            rescale_0b = exp(row_max_0b - new_max_0b)
+            rescale_1b = exp(row_max_1b - new_max_1b)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                  & 6))*min(64, n)) - new_max_0b)
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                  & + 1)*min(64, n)) - new_max_1b)
+            end do
+            block_sum_0b = 0.0_c_double
+            block_sum_1b = 0.0_c_double
+            !$omp simd reduction(+:block_sum_0b, block_sum_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0b = block_sum_0b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6))*min(64, n))
+              block_sum_1b = block_sum_1b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6) + 1)*min(64, n))
+            end do
+            row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b
+            row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b
+            do c = 8*((dh) / 8), dh - 1
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile &
+                  & + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+            end do
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              o_1g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) * rescale_0b
+              o_2g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) * rescale_0b
+              o_3g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) * rescale_0b
+              o_4g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) * rescale_0b
+              o_5g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) * rescale_0b
+              o_6g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) * rescale_0b
+              o_7g = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) * rescale_0b
+              o_0h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+              o_1h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) * &
+                  & rescale_1b
+              o_2h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) * &
+                  & rescale_1b
+              o_3h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) * &
+                  & rescale_1b
+              o_4h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) * &
+                  & rescale_1b
+              o_5h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) * &
+                  & rescale_1b
+              o_6h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) * &
+                  & rescale_1b
+              o_7h = attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) * &
+                  & rescale_1b
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0g = o_0g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1g = o_1g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 1)
+                o_2g = o_2g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 2)
+                o_3g = o_3g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 3)
+                o_4g = o_4g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 4)
+                o_5g = o_5g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 5)
+                o_6g = o_6g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 6)
+                o_7g = o_7g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 7)
+                o_0h = o_0h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1h = o_1h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 1)
+                o_2h = o_2h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 2)
+                o_3h = o_3h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 3)
+                o_4h = o_4h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 4)
+                o_5h = o_5h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 5)
+                o_6h = o_6h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 6)
+                o_7h = o_7h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 8)) + 7)
+              end do
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = o_0g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) = o_1g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) = o_2g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) = o_3g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) = o_4g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) = o_5g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) = o_6g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) = o_7g
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = o_0h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) = o_1h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) = o_2h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) = o_3h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) = o_4h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) = o_5h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) = o_6h
+              attn(8*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) = o_7h
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, &
+                  & n))
+              t_1b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + &
+                  & 1)*min(64, n))
+              do c = 8*((dh) / 8), dh - 1
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                    & n*(b*heads + h) + 6*((n) / 6))) + t_0b * V(V_row + c)
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + &
+                    & dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) + t_1b * V(V_row + c)
+              end do
+            end do
+            row_max_0b = new_max_0b
+            row_max_1b = new_max_1b
+          end do
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6))) / row_sum_0b
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6) + 1)) / row_sum_1b
+          end do
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) = row_max_0b + log(row_sum_0b)
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) = row_max_1b + log(row_sum_1b)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows.edge.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c (simd),
+    !     c_tile / c (register tile), c (simd), j (register tile)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
     !$omp&   row_max, &
     !$omp&   row_sum, &
+    !$omp&   qk_0c, &
+    !$omp&   qk_1c, &
+    !$omp&   qk_2b, &
+    !$omp&   qk_3b, &
+    !$omp&   qk_4b, &
+    !$omp&   qk_5b, &
+    !$omp&   qk_6, &
+    !$omp&   qk_7, &
     !$omp&   qk, &
     !$omp&   block_max, &
     !$omp&   new_max, &
     !$omp&   rescale, &
     !$omp&   block_sum, &
+    !$omp&   o_0i, &
+    !$omp&   o_1i, &
+    !$omp&   o_2i, &
+    !$omp&   o_3i, &
+    !$omp&   o_4i, &
+    !$omp&   o_5i, &
+    !$omp&   o_6i, &
+    !$omp&   o_7i, &
     !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 6*((n) / 6), n - 1
+        do i = 6*((n) / 6) + 2*((n - 6*((n) / 6)) / 2), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_double
@@ -1945,7 +2300,49 @@ contains
           row_max = neg_inf
           row_sum = 0.0_c_double
           do j_blk = 0, ((n + 63) / 64) - 1
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
+              qk_0c = 0.0_c_double
+              qk_1c = 0.0_c_double
+              qk_2b = 0.0_c_double
+              qk_3b = 0.0_c_double
+              qk_4b = 0.0_c_double
+              qk_5b = 0.0_c_double
+              qk_6 = 0.0_c_double
+              qk_7 = 0.0_c_double
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0c = qk_0c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)))
+                qk_1c = qk_1c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 1)
+                qk_2b = qk_2b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 2)
+                qk_3b = qk_3b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 3)
+                qk_4b = qk_4b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 4)
+                qk_5b = qk_5b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 8)) + 5)
+                qk_6 = qk_6 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile + &
+                    & (b*heads + h)*((n) / 8)) + 6)
+                qk_7 = qk_7 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(8*c + 8*dh*(j_tile + &
+                    & (b*heads + h)*((n) / 8)) + 7)
+              end do
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n)) = scale * qk_0c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_1c
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_2b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_3b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_4b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_5b
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 6) = scale * qk_6
+              attn_probs(-64*j_blk + 8*j_tile + (i + n*(b*heads + h))*min(64, n) + 7) = scale * qk_7
+            end do
+            do j = 8*((min(n, 64*j_blk + 64)) / 8), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_double
               !$omp simd reduction(+:qk)
@@ -1974,14 +2371,51 @@ contains
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
-            do c = 0, dh - 1
+            do c = 8*((dh) / 8), dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do c_tile = 0, ((dh) / 8) - 1
+              o_0i = attn(8*c_tile + dh*(i + n*(b*heads + h))) * rescale
+              o_1i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 1) * rescale
+              o_2i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 2) * rescale
+              o_3i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 3) * rescale
+              o_4i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 4) * rescale
+              o_5i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 5) * rescale
+              o_6i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 6) * rescale
+              o_7i = attn(8*c_tile + dh*(i + n*(b*heads + h)) + 7) * rescale
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0i = o_0i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)))
+                o_1i = o_1i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 1)
+                o_2i = o_2i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 2)
+                o_3i = o_3i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 3)
+                o_4i = o_4i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 4)
+                o_5i = o_5i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 5)
+                o_6i = o_6i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 6)
+                o_7i = o_7i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(8*j + 8*n*(c_tile + (b*heads + h)*((dh) / 8)) + 7)
+              end do
+              attn(8*c_tile + dh*(i + n*(b*heads + h))) = o_0i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 1) = o_1i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 2) = o_2i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 3) = o_3i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 4) = o_4i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 5) = o_5i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 6) = o_6i
+              attn(8*c_tile + dh*(i + n*(b*heads + h)) + 7) = o_7i
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
-              do c = 0, dh - 1
+              do c = 8*((dh) / 8), dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
                     & V(V_row + c)
               end do
@@ -3195,8 +3629,19 @@ contains
         & o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, &
         & o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_0f, &
         & o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, &
-        & o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5, row_max, row_sum, qk, block_max, new_max, &
-        & rescale, block_sum, t, heads_sum, ow, xg, xu, hw
+        & o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, t_5, row_max_0b, row_max_1b, row_sum_0b, &
+        & row_sum_1b, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, &
+        & qk_0b_8, qk_0b_9, qk_0b_10, qk_0b_11, qk_0b_12, qk_0b_13, qk_0b_14, qk_0b_15, qk_1b_0, &
+        & qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, qk_1b_5, qk_1b_6, qk_1b_7, qk_1b_8, qk_1b_9, &
+        & qk_1b_10, qk_1b_11, qk_1b_12, qk_1b_13, qk_1b_14, qk_1b_15, qk_0b, qk_1b, block_max_0b, &
+        & block_max_1b, new_max_0b, new_max_1b, rescale_0b, rescale_1b, block_sum_0b, &
+        & block_sum_1b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, &
+        & o_12g, o_13g, o_14g, o_15g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, &
+        & o_10h, o_11h, o_12h, o_13h, o_14h, o_15h, t_0b, t_1b, row_max, row_sum, qk_0c, qk_1c, &
+        & qk_2b, qk_3b, qk_4b, qk_5b, qk_6, qk_7, qk_8, qk_9, qk_10, qk_11, qk_12, qk_13, qk_14, &
+        & qk_15, qk, block_max, new_max, rescale, block_sum, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, &
+        & o_6i, o_7i, o_8i, o_9i, o_10i, o_11i, o_12i, o_13i, o_14i, o_15i, t, heads_sum, ow, xg, &
+        & xu, hw
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -6258,25 +6703,608 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs
-    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j, j (simd), c (simd) / c (simd)
+    ! attn.rows.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i_tile (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c,
+    !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private( &
     !$omp&   c, &
     !$omp&   j_blk, &
+    !$omp&   j_tile, &
     !$omp&   j, &
+    !$omp&   c_tile, &
+    !$omp&   K_row, &
+    !$omp&   V_row, &
+    !$omp&   row_max_0b, &
+    !$omp&   row_max_1b, &
+    !$omp&   row_sum_0b, &
+    !$omp&   row_sum_1b, &
+    !$omp&   qk_0b_0, &
+    !$omp&   qk_0b_1, &
+    !$omp&   qk_0b_2, &
+    !$omp&   qk_0b_3, &
+    !$omp&   qk_0b_4, &
+    !$omp&   qk_0b_5, &
+    !$omp&   qk_0b_6, &
+    !$omp&   qk_0b_7, &
+    !$omp&   qk_0b_8, &
+    !$omp&   qk_0b_9, &
+    !$omp&   qk_0b_10, &
+    !$omp&   qk_0b_11, &
+    !$omp&   qk_0b_12, &
+    !$omp&   qk_0b_13, &
+    !$omp&   qk_0b_14, &
+    !$omp&   qk_0b_15, &
+    !$omp&   qk_1b_0, &
+    !$omp&   qk_1b_1, &
+    !$omp&   qk_1b_2, &
+    !$omp&   qk_1b_3, &
+    !$omp&   qk_1b_4, &
+    !$omp&   qk_1b_5, &
+    !$omp&   qk_1b_6, &
+    !$omp&   qk_1b_7, &
+    !$omp&   qk_1b_8, &
+    !$omp&   qk_1b_9, &
+    !$omp&   qk_1b_10, &
+    !$omp&   qk_1b_11, &
+    !$omp&   qk_1b_12, &
+    !$omp&   qk_1b_13, &
+    !$omp&   qk_1b_14, &
+    !$omp&   qk_1b_15, &
+    !$omp&   qk_0b, &
+    !$omp&   qk_1b, &
+    !$omp&   block_max_0b, &
+    !$omp&   block_max_1b, &
+    !$omp&   new_max_0b, &
+    !$omp&   new_max_1b, &
+    !$omp&   rescale_0b, &
+    !$omp&   rescale_1b, &
+    !$omp&   block_sum_0b, &
+    !$omp&   block_sum_1b, &
+    !$omp&   o_0g, &
+    !$omp&   o_1g, &
+    !$omp&   o_2g, &
+    !$omp&   o_3g, &
+    !$omp&   o_4g, &
+    !$omp&   o_5g, &
+    !$omp&   o_6g, &
+    !$omp&   o_7g, &
+    !$omp&   o_8g, &
+    !$omp&   o_9g, &
+    !$omp&   o_10g, &
+    !$omp&   o_11g, &
+    !$omp&   o_12g, &
+    !$omp&   o_13g, &
+    !$omp&   o_14g, &
+    !$omp&   o_15g, &
+    !$omp&   o_0h, &
+    !$omp&   o_1h, &
+    !$omp&   o_2h, &
+    !$omp&   o_3h, &
+    !$omp&   o_4h, &
+    !$omp&   o_5h, &
+    !$omp&   o_6h, &
+    !$omp&   o_7h, &
+    !$omp&   o_8h, &
+    !$omp&   o_9h, &
+    !$omp&   o_10h, &
+    !$omp&   o_11h, &
+    !$omp&   o_12h, &
+    !$omp&   o_13h, &
+    !$omp&   o_14h, &
+    !$omp&   o_15h, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b)
+    do b = 0, batch - 1
+      do h = 0, heads - 1
+        do i_tile = 0, ((n - 6*((n) / 6)) / 2) - 1
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = 0.0_c_float
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = 0.0_c_float
+          end do
+          row_max_0b = neg_inf
+          row_max_1b = neg_inf
+          row_sum_0b = 0.0_c_float
+          row_sum_1b = 0.0_c_float
+          do j_blk = 0, ((n + 63) / 64) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+              qk_0b_0 = 0.0_c_float
+              qk_0b_1 = 0.0_c_float
+              qk_0b_2 = 0.0_c_float
+              qk_0b_3 = 0.0_c_float
+              qk_0b_4 = 0.0_c_float
+              qk_0b_5 = 0.0_c_float
+              qk_0b_6 = 0.0_c_float
+              qk_0b_7 = 0.0_c_float
+              qk_0b_8 = 0.0_c_float
+              qk_0b_9 = 0.0_c_float
+              qk_0b_10 = 0.0_c_float
+              qk_0b_11 = 0.0_c_float
+              qk_0b_12 = 0.0_c_float
+              qk_0b_13 = 0.0_c_float
+              qk_0b_14 = 0.0_c_float
+              qk_0b_15 = 0.0_c_float
+              qk_1b_0 = 0.0_c_float
+              qk_1b_1 = 0.0_c_float
+              qk_1b_2 = 0.0_c_float
+              qk_1b_3 = 0.0_c_float
+              qk_1b_4 = 0.0_c_float
+              qk_1b_5 = 0.0_c_float
+              qk_1b_6 = 0.0_c_float
+              qk_1b_7 = 0.0_c_float
+              qk_1b_8 = 0.0_c_float
+              qk_1b_9 = 0.0_c_float
+              qk_1b_10 = 0.0_c_float
+              qk_1b_11 = 0.0_c_float
+              qk_1b_12 = 0.0_c_float
+              qk_1b_13 = 0.0_c_float
+              qk_1b_14 = 0.0_c_float
+              qk_1b_15 = 0.0_c_float
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0b_0 = qk_0b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_0b_1 = qk_0b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_0b_2 = qk_0b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_0b_3 = qk_0b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_0b_4 = qk_0b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_0b_5 = qk_0b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_0b_6 = qk_0b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_0b_7 = qk_0b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_0b_8 = qk_0b_8 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_0b_9 = qk_0b_9 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_0b_10 = qk_0b_10 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_0b_11 = qk_0b_11 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_0b_12 = qk_0b_12 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_0b_13 = qk_0b_13 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_0b_14 = qk_0b_14 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_0b_15 = qk_0b_15 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+                qk_1b_0 = qk_1b_0 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1b_1 = qk_1b_1 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_1b_2 = qk_1b_2 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_1b_3 = qk_1b_3 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_1b_4 = qk_1b_4 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_1b_5 = qk_1b_5 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_1b_6 = qk_1b_6 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 6)
+                qk_1b_7 = qk_1b_7 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 7)
+                qk_1b_8 = qk_1b_8 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 8)
+                qk_1b_9 = qk_1b_9 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 9)
+                qk_1b_10 = qk_1b_10 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_1b_11 = qk_1b_11 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_1b_12 = qk_1b_12 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_1b_13 = qk_1b_13 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_1b_14 = qk_1b_14 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_1b_15 = qk_1b_15 + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & attn_K_panel(16*c + 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+              end do
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n)) = scale * qk_0b_0
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 1) = scale * qk_0b_1
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 2) = scale * qk_0b_2
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 3) = scale * qk_0b_3
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 4) = scale * qk_0b_4
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 5) = scale * qk_0b_5
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 6) = scale * qk_0b_6
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 7) = scale * qk_0b_7
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 8) = scale * qk_0b_8
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 9) = scale * qk_0b_9
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 10) = scale * qk_0b_10
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 11) = scale * qk_0b_11
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 12) = scale * qk_0b_12
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 13) = scale * qk_0b_13
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 14) = scale * qk_0b_14
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min( &
+      64, n) + 15) = scale * qk_0b_15
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n)) = scale * qk_1b_0
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 1) = scale * qk_1b_1
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 2) = scale * qk_1b_2
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 3) = scale * qk_1b_3
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 4) = scale * qk_1b_4
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 5) = scale * qk_1b_5
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 6) = scale * qk_1b_6
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 7) = scale * qk_1b_7
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 8) = scale * qk_1b_8
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 9) = scale * qk_1b_9
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 10) = scale * qk_1b_10
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 11) = scale * qk_1b_11
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 12) = scale * qk_1b_12
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 13) = scale * qk_1b_13
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 14) = scale * qk_1b_14
+              attn_probs(-64*j_blk + 16*j_tile + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)* &
+      min(64, n) + 15) = scale * qk_1b_15
+            end do
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
+              K_row = dh*(j + n*(b*heads + h))
+              qk_0b = 0.0_c_float
+              qk_1b = 0.0_c_float
+              !$omp simd reduction(+:qk_0b, qk_1b)
+              do c = 0, dh - 1
+                qk_0b = qk_0b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * K(K_row + c)
+                qk_1b = qk_1b + Q(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                    & K(K_row + c)
+              end do
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & scale * qk_0b
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = scale * qk_1b
+            end do
+            block_max_0b = neg_inf
+            block_max_1b = neg_inf
+            !$omp simd reduction(max:block_max_0b, block_max_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_max_0b = max(block_max_0b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6))*min(64, n)))
+              block_max_1b = max(block_max_1b, attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + &
+                  & h) + 6*((n) / 6) + 1)*min(64, n)))
+            end do
+            new_max_0b = max(row_max_0b, block_max_0b)
+            new_max_1b = max(row_max_1b, block_max_1b)
+            rescale_0b = exp(row_max_0b - new_max_0b)
+            rescale_1b = exp(row_max_1b - new_max_1b)
+            !$omp simd
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, n)) = &
+                  & exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                  & 6))*min(64, n)) - new_max_0b)
+              attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)*min(64, &
+                  & n)) = exp(attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                  & + 1)*min(64, n)) - new_max_1b)
+            end do
+            block_sum_0b = 0.0_c_float
+            block_sum_1b = 0.0_c_float
+            !$omp simd reduction(+:block_sum_0b, block_sum_1b)
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              block_sum_0b = block_sum_0b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6))*min(64, n))
+              block_sum_1b = block_sum_1b + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) &
+                  & + 6*((n) / 6) + 1)*min(64, n))
+            end do
+            row_sum_0b = row_sum_0b * rescale_0b + block_sum_0b
+            row_sum_1b = row_sum_1b * rescale_1b + block_sum_1b
+            do c = 16*((dh) / 16), dh - 1
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                  & n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile &
+                  & + n*(b*heads + h) + 6*((n) / 6) + 1)) * rescale_1b
+            end do
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) * rescale_0b
+              o_1g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) * &
+                  & rescale_0b
+              o_2g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) * &
+                  & rescale_0b
+              o_3g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) * &
+                  & rescale_0b
+              o_4g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) * &
+                  & rescale_0b
+              o_5g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) * &
+                  & rescale_0b
+              o_6g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) * &
+                  & rescale_0b
+              o_7g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) * &
+                  & rescale_0b
+              o_8g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8) * &
+                  & rescale_0b
+              o_9g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9) * &
+                  & rescale_0b
+              o_10g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10) * &
+                  & rescale_0b
+              o_11g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11) * &
+                  & rescale_0b
+              o_12g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12) * &
+                  & rescale_0b
+              o_13g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13) * &
+                  & rescale_0b
+              o_14g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14) * &
+                  & rescale_0b
+              o_15g = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15) * &
+                  & rescale_0b
+              o_0h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) * &
+                  & rescale_1b
+              o_1h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) * &
+                  & rescale_1b
+              o_2h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) * &
+                  & rescale_1b
+              o_3h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) * &
+                  & rescale_1b
+              o_4h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) * &
+                  & rescale_1b
+              o_5h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) * &
+                  & rescale_1b
+              o_6h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) * &
+                  & rescale_1b
+              o_7h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) * &
+                  & rescale_1b
+              o_8h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8) * &
+                  & rescale_1b
+              o_9h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9) * &
+                  & rescale_1b
+              o_10h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10) * &
+                  & rescale_1b
+              o_11h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11) * &
+                  & rescale_1b
+              o_12h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12) * &
+                  & rescale_1b
+              o_13h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13) * &
+                  & rescale_1b
+              o_14h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14) * &
+                  & rescale_1b
+              o_15h = attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15) * &
+                  & rescale_1b
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0g = o_0g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)))
+                o_1g = o_1g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 1)
+                o_2g = o_2g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 2)
+                o_3g = o_3g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 3)
+                o_4g = o_4g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 4)
+                o_5g = o_5g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 5)
+                o_6g = o_6g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 6)
+                o_7g = o_7g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 7)
+                o_8g = o_8g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 8)
+                o_9g = o_9g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 9)
+                o_10g = o_10g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 10)
+                o_11g = o_11g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 11)
+                o_12g = o_12g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 12)
+                o_13g = o_13g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 13)
+                o_14g = o_14g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 14)
+                o_15g = o_15g + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6))*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 15)
+                o_0h = o_0h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)))
+                o_1h = o_1h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 1)
+                o_2h = o_2h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 2)
+                o_3h = o_3h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 3)
+                o_4h = o_4h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 4)
+                o_5h = o_5h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 5)
+                o_6h = o_6h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 6)
+                o_7h = o_7h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 7)
+                o_8h = o_8h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 8)
+                o_9h = o_9h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) &
+                    & + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / &
+                    & 16)) + 9)
+                o_10h = o_10h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 10)
+                o_11h = o_11h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 11)
+                o_12h = o_12h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 12)
+                o_13h = o_13h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 13)
+                o_14h = o_14h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 14)
+                o_15h = o_15h + attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / &
+                    & 6) + 1)*min(64, n)) * attn_V_panel(16*j + 16*n*(c_tile + (b*heads + &
+                    & h)*((dh) / 16)) + 15)
+              end do
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = o_0g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 1) = o_1g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 2) = o_2g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 3) = o_3g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 4) = o_4g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 5) = o_5g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 6) = o_6g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 7) = o_7g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 8) = o_8g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 9) = o_9g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 10) = o_10g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 11) = o_11g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 12) = o_12g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 13) = o_13g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 14) = o_14g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) + 15) = o_15g
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = o_0h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 1) = o_1h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 2) = o_2h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 3) = o_3h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 4) = o_4h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 5) = o_5h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 6) = o_6h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 7) = o_7h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 8) = o_8h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 9) = o_9h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 10) = o_10h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 11) = o_11h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 12) = o_12h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 13) = o_13h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 14) = o_14h
+              attn(16*c_tile + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) + 15) = o_15h
+            end do
+            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+              V_row = dh*(j + n*(b*heads + h))
+              t_0b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6))*min(64, &
+                  & n))
+              t_1b = attn_probs(j - 64*j_blk + (2*i_tile + n*(b*heads + h) + 6*((n) / 6) + &
+                  & 1)*min(64, n))
+              do c = 16*((dh) / 16), dh - 1
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                    & n*(b*heads + h) + 6*((n) / 6))) + t_0b * V(V_row + c)
+                attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + &
+                    & dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) + t_1b * V(V_row + c)
+              end do
+            end do
+            row_max_0b = new_max_0b
+            row_max_1b = new_max_1b
+          end do
+          !$omp simd
+          do c = 0, dh - 1
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6))) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6))) / row_sum_0b
+            attn(c + dh*(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1)) = attn(c + dh*(2*i_tile + &
+                & n*(b*heads + h) + 6*((n) / 6) + 1)) / row_sum_1b
+          end do
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6)) = row_max_0b + log(row_sum_0b)
+          lse(2*i_tile + n*(b*heads + h) + 6*((n) / 6) + 1) = row_max_1b + log(row_sum_1b)
+        end do
+      end do
+    end do
+    !$omp end parallel do
+    ! attn.rows.edge.edge: writes attn, lse; reads Q, K, V; scratch attn_probs, attn_K_panel, attn_V_panel
+    ! for b, h, i (parallel, interleaved) / c (simd), j_blk / j_tile, j, j (simd), c (simd),
+    !     c_tile / c (register tile), c (simd), j (register tile)
+    !$omp parallel do collapse(3) schedule(static, 1) private( &
+    !$omp&   c, &
+    !$omp&   j_blk, &
+    !$omp&   j_tile, &
+    !$omp&   j, &
+    !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
     !$omp&   row_max, &
     !$omp&   row_sum, &
+    !$omp&   qk_0c, &
+    !$omp&   qk_1c, &
+    !$omp&   qk_2b, &
+    !$omp&   qk_3b, &
+    !$omp&   qk_4b, &
+    !$omp&   qk_5b, &
+    !$omp&   qk_6, &
+    !$omp&   qk_7, &
+    !$omp&   qk_8, &
+    !$omp&   qk_9, &
+    !$omp&   qk_10, &
+    !$omp&   qk_11, &
+    !$omp&   qk_12, &
+    !$omp&   qk_13, &
+    !$omp&   qk_14, &
+    !$omp&   qk_15, &
     !$omp&   qk, &
     !$omp&   block_max, &
     !$omp&   new_max, &
     !$omp&   rescale, &
     !$omp&   block_sum, &
+    !$omp&   o_0i, &
+    !$omp&   o_1i, &
+    !$omp&   o_2i, &
+    !$omp&   o_3i, &
+    !$omp&   o_4i, &
+    !$omp&   o_5i, &
+    !$omp&   o_6i, &
+    !$omp&   o_7i, &
+    !$omp&   o_8i, &
+    !$omp&   o_9i, &
+    !$omp&   o_10i, &
+    !$omp&   o_11i, &
+    !$omp&   o_12i, &
+    !$omp&   o_13i, &
+    !$omp&   o_14i, &
+    !$omp&   o_15i, &
     !$omp&   t)
     do b = 0, batch - 1
       do h = 0, heads - 1
-        do i = 6*((n) / 6), n - 1
+        do i = 6*((n) / 6) + 2*((n - 6*((n) / 6)) / 2), n - 1
           !$omp simd
           do c = 0, dh - 1
             attn(c + dh*(i + n*(b*heads + h))) = 0.0_c_float
@@ -6284,7 +7312,91 @@ contains
           row_max = neg_inf
           row_sum = 0.0_c_float
           do j_blk = 0, ((n + 63) / 64) - 1
-            do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+            do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
+              qk_0c = 0.0_c_float
+              qk_1c = 0.0_c_float
+              qk_2b = 0.0_c_float
+              qk_3b = 0.0_c_float
+              qk_4b = 0.0_c_float
+              qk_5b = 0.0_c_float
+              qk_6 = 0.0_c_float
+              qk_7 = 0.0_c_float
+              qk_8 = 0.0_c_float
+              qk_9 = 0.0_c_float
+              qk_10 = 0.0_c_float
+              qk_11 = 0.0_c_float
+              qk_12 = 0.0_c_float
+              qk_13 = 0.0_c_float
+              qk_14 = 0.0_c_float
+              qk_15 = 0.0_c_float
+              !GCC$ novector
+              do c = 0, dh - 1
+                qk_0c = qk_0c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)))
+                qk_1c = qk_1c + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 1)
+                qk_2b = qk_2b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 2)
+                qk_3b = qk_3b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 3)
+                qk_4b = qk_4b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 4)
+                qk_5b = qk_5b + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 5)
+                qk_6 = qk_6 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 6)
+                qk_7 = qk_7 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 7)
+                qk_8 = qk_8 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 8)
+                qk_9 = qk_9 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + 16*dh*(j_tile &
+                    & + (b*heads + h)*((n) / 16)) + 9)
+                qk_10 = qk_10 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 10)
+                qk_11 = qk_11 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 11)
+                qk_12 = qk_12 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 12)
+                qk_13 = qk_13 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 13)
+                qk_14 = qk_14 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 14)
+                qk_15 = qk_15 + Q(c + dh*(i + n*(b*heads + h))) * attn_K_panel(16*c + &
+                    & 16*dh*(j_tile + (b*heads + h)*((n) / 16)) + 15)
+              end do
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n)) = scale * qk_0c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 1) = scale * &
+                  & qk_1c
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 2) = scale * &
+                  & qk_2b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 3) = scale * &
+                  & qk_3b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 4) = scale * &
+                  & qk_4b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 5) = scale * &
+                  & qk_5b
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 6) = scale * &
+                  & qk_6
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 7) = scale * &
+                  & qk_7
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 8) = scale * &
+                  & qk_8
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 9) = scale * &
+                  & qk_9
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 10) = scale * &
+                  & qk_10
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 11) = scale * &
+                  & qk_11
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 12) = scale * &
+                  & qk_12
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 13) = scale * &
+                  & qk_13
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 14) = scale * &
+                  & qk_14
+              attn_probs(-64*j_blk + 16*j_tile + (i + n*(b*heads + h))*min(64, n) + 15) = scale * &
+                  & qk_15
+            end do
+            do j = 16*((min(n, 64*j_blk + 64)) / 16), min(n, 64*j_blk + 64) - 1
               K_row = dh*(j + n*(b*heads + h))
               qk = 0.0_c_float
               !$omp simd reduction(+:qk)
@@ -6313,14 +7425,83 @@ contains
             end do
             row_sum = row_sum * rescale + block_sum
             !$omp simd
-            do c = 0, dh - 1
+            do c = 16*((dh) / 16), dh - 1
               attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) * rescale
+            end do
+            do c_tile = 0, ((dh) / 16) - 1
+              o_0i = attn(16*c_tile + dh*(i + n*(b*heads + h))) * rescale
+              o_1i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 1) * rescale
+              o_2i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 2) * rescale
+              o_3i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 3) * rescale
+              o_4i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 4) * rescale
+              o_5i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 5) * rescale
+              o_6i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 6) * rescale
+              o_7i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 7) * rescale
+              o_8i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 8) * rescale
+              o_9i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 9) * rescale
+              o_10i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 10) * rescale
+              o_11i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 11) * rescale
+              o_12i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 12) * rescale
+              o_13i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 13) * rescale
+              o_14i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 14) * rescale
+              o_15i = attn(16*c_tile + dh*(i + n*(b*heads + h)) + 15) * rescale
+              !GCC$ novector
+              do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
+                o_0i = o_0i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)))
+                o_1i = o_1i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 1)
+                o_2i = o_2i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 2)
+                o_3i = o_3i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 3)
+                o_4i = o_4i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 4)
+                o_5i = o_5i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 5)
+                o_6i = o_6i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 6)
+                o_7i = o_7i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 7)
+                o_8i = o_8i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 8)
+                o_9i = o_9i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 9)
+                o_10i = o_10i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 10)
+                o_11i = o_11i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 11)
+                o_12i = o_12i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 12)
+                o_13i = o_13i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 13)
+                o_14i = o_14i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 14)
+                o_15i = o_15i + attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n)) * &
+                    & attn_V_panel(16*j + 16*n*(c_tile + (b*heads + h)*((dh) / 16)) + 15)
+              end do
+              attn(16*c_tile + dh*(i + n*(b*heads + h))) = o_0i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 1) = o_1i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 2) = o_2i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 3) = o_3i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 4) = o_4i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 5) = o_5i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 6) = o_6i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 7) = o_7i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 8) = o_8i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 9) = o_9i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 10) = o_10i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 11) = o_11i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 12) = o_12i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 13) = o_13i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 14) = o_14i
+              attn(16*c_tile + dh*(i + n*(b*heads + h)) + 15) = o_15i
             end do
             do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
               V_row = dh*(j + n*(b*heads + h))
               t = attn_probs(j - 64*j_blk + (i + n*(b*heads + h))*min(64, n))
               !$omp simd
-              do c = 0, dh - 1
+              do c = 16*((dh) / 16), dh - 1
                 attn(c + dh*(i + n*(b*heads + h))) = attn(c + dh*(i + n*(b*heads + h))) + t * &
                     & V(V_row + c)
               end do

@@ -15,7 +15,7 @@ from moagen.moa.expr import idiv, sym
 from moagen.kernels import get_kernel
 from moagen.onf.interpret import run_onf
 from moagen.onf.loops import ONF, Buffer, Let, Loop, Nest, Store, Update, map_stmt_exprs, walk
-from moagen.steps.algebra.causal import CausalBlocks
+from moagen.steps.algebra.causal import CausalBlocks, nonnegative
 from moagen.steps.algebra.causalrows import CausalRows
 from moagen.steps.algebra.keytiles import ColumnTiles, KeyTiles
 from moagen.pipeline import onf_of
@@ -46,8 +46,17 @@ def test_flash_keeps_the_value(causal, n, d, rows, lanes):
 
 def test_flash_structure():
     onf = onf_of("attention_fwd", "flash", params={"rows": 4, "lanes": 8})
-    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows.pack_V", "rows", "rows.edge"]
+    # the rows past the 4-row tiles: by tiles of 2, then alone, from the same panels
+    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows.pack_V", "rows", "rows.edge",
+                                            "rows.edge.edge"]
     assert [b.name for b in onf.temps] == ["probs", "K_panel", "V_panel"]
+    for nest, rows in zip(onf.nests[2:], (4, 2, 1)):
+        tiles = [s for s in walk(nest.body) if isinstance(s, Loop) and s.vector_tile]
+        assert [len([u for u in t.body if isinstance(u, Update)]) for t in tiles] == \
+            [rows * 8, rows * 8], nest.label
+        reads = {e.array for t in tiles for u in t.body for e in S.subexpressions(u.value)
+                 if isinstance(e, S.Load)}
+        assert reads == {"Q", "K_panel", "probs", "V_panel"}, nest.label
     # V in panels of 8 columns, a panel's keys one after another (8 values a key)
     assert onf.temps[2].shape == (B, H, idiv(D, 8), N, 8)
     tiles = [s for s in walk(onf.nests[2].body) if isinstance(s, Loop) and s.vector_tile]
@@ -60,6 +69,17 @@ def test_flash_structure():
     reads = {e.array for u in tiles[1].body for e in S.subexpressions(u.value)
              if isinstance(e, S.Load)}
     assert reads == {"probs", "V_panel"}
+
+
+def test_the_nests_tiled_with_the_first_run_after_it_and_the_causal_edge_rows_are_known():
+    """KeyTiles' `also`: the edges read the panels the first nest's copies fill, so they must
+    run after it. CausalBlocks on an edge's tiles: their rows start at a multiple of a
+    quotient (6 idiv(n, 6) + 2 i_tile), known >= 0."""
+    jammed = onf_of("attention_fwd", "flash", params={"rows": 6}, upto=7)
+    with pytest.raises(ScheduleError, match="must run after rows.edge, which fills"):
+        KeyTiles("rows.edge", "j", 8, also=("rows",))(jammed)
+    i, n = sym("i_tile"), sym("n")
+    assert nonnegative(6 * idiv(n, 6) + 2 * i) and not nonnegative(n - 6 * idiv(n, 6))
 
 
 @pytest.mark.parametrize("n", [1, 13, 70, 150])

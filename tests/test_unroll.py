@@ -40,6 +40,22 @@ def test_copies_share_the_inner_loop_and_keep_the_value(n):
     np.testing.assert_allclose(got, x.sum(1), rtol=1e-14)
 
 
+@pytest.mark.parametrize("n", [1, 3, 4, 6, 7, 9, 11])
+def test_an_edge_is_jammed_from_where_it_starts_and_its_tiles_run_in_parallel(n):
+    """The rows left past 4-row tiles (from 4 (n // 4)) jammed 2 at a time, the last alone;
+    Parallel over the first nest's loop reaches the edge's tiles (the edge's rename of i
+    follows its loop to the tiles) and its own edge."""
+    onf = UnrollJam("y.edge", "i", 2)(UnrollJam("y", "i", 4)(_row_sums()))
+    assert [nest.label for nest in onf.nests] == ["y", "y.edge", "y.edge.edge"]
+    edge_tiles = onf.nests[1].body[0]
+    assert str(edge_tiles.stop) == "idiv(n - 4*idiv(n, 4), 2)"
+    assert dict(onf.nests[1].renames) == {"i_tile": edge_tiles.var.name}
+    onf = Parallel(("i_tile",), nest="y")(onf)
+    assert all(nest.body[0].parallel for nest in onf.nests)
+    x = np.random.default_rng(1).standard_normal((n, 5))
+    np.testing.assert_allclose(run_onf(onf, {"x": x}, {})["y"], x.sum(1), rtol=1e-14)
+
+
 def test_refuses_what_would_change_the_value():
     with pytest.raises(ScheduleError, match="at least 2"):
         UnrollJam("y", "i", 1)(_row_sums())

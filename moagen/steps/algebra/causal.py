@@ -132,14 +132,16 @@ class CausalBlocks(Step):
 
 def nonnegative(e) -> bool:
     """e (of loop variables and sizes) is >= 0: a sum of terms with non-negative
-    coefficients (loop variables count from 0, sizes are never negative), or the least or
-    most of such sums."""
+    coefficients (loop variables count from 0, sizes are never negative) of such values and
+    of their quotients (the first row of an edge's tiles, 6*idiv(n, 6)), or the least or most
+    of such sums."""
     if isinstance(e, (sympy.Min, sympy.Max)):
         return all(nonnegative(a) for a in e.args)
     for term in sympy.Add.make_args(sympy.expand(e)):
-        coefficient, symbols = term.as_coeff_Mul()
-        if coefficient < 0 or not all(isinstance(s, sympy.Symbol) or s == 1
-                                      for s in sympy.Mul.make_args(symbols)):
+        coefficient, factors = term.as_coeff_Mul()
+        if coefficient < 0 or not all(isinstance(f, sympy.Symbol) or f == 1 or (
+                isinstance(f, idiv) and nonnegative(f.args[0]) and f.args[1].is_positive)
+                                      for f in sympy.Mul.make_args(factors)):
             return False
     return True
 

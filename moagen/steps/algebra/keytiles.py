@@ -55,6 +55,7 @@ loop's order, bit for bit the loop's arithmetic). The lets are pure (they read n
 loop writes), so recomputing them per column tile only repeats loads.
 """
 from dataclasses import dataclass, field, replace
+from typing import Tuple
 
 import sympy
 
@@ -66,7 +67,7 @@ from moagen.onf.loops import (Buffer, Let, Loop, Nest, ONF, Store, Update, loop_
 from moagen.onf.names import claim_loop, kernel_names, loop_role, nest_role
 from moagen.steps.loop.reductions import require_lowered
 from moagen.steps.loop.unroll import check_independent, check_sum_only, in_groups, summed_arrays
-from moagen.steps.step import Step, flag
+from moagen.steps.step import Step, flag, option
 
 
 def _symbols(index):
@@ -92,28 +93,33 @@ class _Work:
 
 
 class _InnerLoops(Step):
-    """A step that rewrites every loop over `loop` (at any depth of one nest) its `_selects`
-    accepts into the statements `_tile` returns."""
+    """A step that rewrites every loop over `loop` (at any depth of one nest, and of the
+    nests `also` names: a nest's edges, which run after it, reading its panels) its
+    `_selects` accepts into the statements `_tile` returns."""
 
     def __call__(self, onf: ONF) -> ONF:
         if self.lanes < 2:
             raise ScheduleError(f"{self}: a tile holds at least two lanes")
-        nest = self.nest_called(onf)
-        require_lowered(nest, self)
         work = _Work(onf, kernel_names(onf))
-        body, count = rewrite_loops(
-            nest.body, lambda loop: loop.var.name == self.loop and self._selects(loop),
-            lambda loop, scope: self._tile(loop, scope, work))
-        if not count:
-            raise ScheduleError(f"{self}: nest {self.nest} has no {self._wanted}")
-        body = self._after(body)
+        first = self.nest_called(onf)
+        bodies = {}
+        for nest in (first, *(self.nest_called(onf, label) for label in self.also)):
+            require_lowered(nest, self)
+            body, count = rewrite_loops(
+                nest.body, lambda loop: loop.var.name == self.loop and self._selects(loop),
+                lambda loop, scope: self._tile(loop, scope, work))
+            if not count:
+                raise ScheduleError(f"{self}: nest {nest.label} has no {self._wanted}")
+            bodies[nest.label] = self._after(body)
+        if [n.label for n in onf.nests if n.label in bodies][0] != first.label:
+            raise ScheduleError(f"{self}: the nests it also tiles must run after "
+                                f"{first.label}, which fills their panels")
         nests = []
         for n in onf.nests:
-            if n is nest:  # the panels' copies before it
+            if n is first:  # the panels' copies before it
                 nests += [Nest(panel.name, copy, n.origin, self.packing(array))
                           for array, (panel, copy, _) in work.packs.items()]
-                n = replace(n, body=body)
-            nests.append(n)
+            nests.append(replace(n, body=bodies[n.label]) if n.label in bodies else n)
         temps = onf.temps + tuple(panel for panel, _, _ in work.packs.values())
         return replace(onf.with_nests(nests, str(self)), temps=temps)
 
@@ -166,6 +172,7 @@ class KeyTiles(_InnerLoops):
     nest: str
     loop: str = "j"
     lanes: int = 8
+    also: Tuple[str, ...] = option("also=({also})", ())
     _wanted = "loop over the keys computing sums per key"
 
     @property
@@ -215,6 +222,7 @@ class ColumnTiles(_InnerLoops):
     cols: str = "c"
     lanes: int = 8
     pack: bool = flag("pack")  # the tiles' operands read by key and column from panels
+    also: Tuple[str, ...] = option("also=({also})", ())
     _wanted = "loop over the keys adding into elements it does not index"
 
     @property

@@ -59,7 +59,8 @@ class UnrollJam(Step):
         require_lowered(nest, self)
         if any(n.label == self.edge for n in onf.nests):
             raise ScheduleError(f"{self}: {onf.name} already has a nest {self.edge}")
-        outer, loop = outer_loop(self, nest.body, self.loop)
+        # an edge's loop starts past its parent's tiles: its groups start there too
+        outer, loop = outer_loop(self, nest.body, self.loop, any_start=True)
         summed = summed_arrays(loop)
         if summed:
             check_sum_only(self, loop, summed)
@@ -69,32 +70,35 @@ class UnrollJam(Step):
         names = kernel_names(onf)
         in_nest = loop_vars(nest.body)
         tile = claim_loop(names, self.tiles, in_nest, self)
-        copies = [copy_iteration(loop.body, loop.var, self.factor * tile + u, u, names)
-                  for u in range(self.factor)]
-        full = idiv(loop.stop, self.factor)
+        copies = [copy_iteration(loop.body, loop.var, loop.start + self.factor * tile + u, u,
+                                 names) for u in range(self.factor)]
+        full = idiv(loop.stop - loop.start, self.factor)
         jammed = jam(self, copies)
         tiles = enclose(outer, (Loop(tile, sympy.Integer(0), full,
                                      _merge_sums(jammed) if summed else jammed),))
-        edge = enclose(outer, (replace(loop, start=self.factor * full),))
+        edge = enclose(outer, (replace(loop, start=loop.start + self.factor * full),))
         tail = Nest(nest.target, edge, nest.origin, self.edge, parent=nest.label,
                     renames=((tile.name, loop.var.name),))
+        # a tail's parent loop that ran under the name of the loop now tiled runs under the
+        # tiles' (so that the parent's mapping reaches the tiles, Parallel)
+        renames = tuple((p, tile.name if own == loop.var.name else own) for p, own in nest.renames)
         nests = []
         for n in onf.nests:
-            nests += [replace(n, body=tiles), tail] if n is nest else [n]
+            nests += [replace(n, body=tiles, renames=renames), tail] if n is nest else [n]
         return onf.with_nests(nests, str(self))
 
 
-def outer_loop(transform, stmts, var):
+def outer_loop(transform, stmts, var, any_start=False):
     """(the loops around the one over var, outermost first; that loop), among the perfectly
-    nested loops stmts start with; refused unless it starts at 0 and no loop is parallel
-    yet."""
+    nested loops stmts start with; refused unless it starts at 0 (any_start: anywhere) and
+    no loop is parallel yet."""
     chain, _ = loop_nest(stmts)
     names = [lp.var.name for lp in chain]
     if var not in names:
         raise ScheduleError(f"{transform}: nest {transform.nest} does not start with perfectly "
                             f"nested loops down to one over {var}")
     loop = chain[names.index(var)]
-    if loop.start != 0 or any(lp.parallel for lp in chain):
+    if (loop.start != 0 and not any_start) or any(lp.parallel for lp in chain):
         raise ScheduleError(f"{transform}: the loop over {var} must start at 0, and be "
                             "transformed before any loop is made parallel")
     return chain[:names.index(var)], loop
