@@ -17,11 +17,19 @@ of a sequence of n_q queries and n_k keys sees keys j <= i + n_k - n_q. A query 
 no key (i < n_q - n_k causal; any query of a sequence with no keys) gets O = 0 and lse =
 -inf, as FlashAttention gives them; a sequence of no queries writes nothing.
 
-Only the dnf variant (row by row): the others' steps (tiling, blocks of keys) take loops of
-sizes, not of extents read from an array."""
+Variants: dnf (row by row; every target) and flash (attention's FlashAttention form: one
+pass over a row's keys in blocks, row tiles and register tiles; C and Fortran only). The
+flash steps take a sequence's loops, their extents read from the offsets: the running max
+starts at the floor and O is divided by max(l, 1) (OnlineSoftmax), the scores' scratch rows
+are the packed rows (moagen.onf.loops.scratch_row), K is read from a copy with its keys last
+(KeyTiles: a panel's tiles would not line up with a sequence's first key), and causal's row
+tiles stop at their last row's last key (CausalBlocks; a row may see none, the floored max
+keeping the skipped blocks no-ops). CUDA and OpenACC take dnf only: a grid over each
+sequence's query tiles needs the longest sequence as a size given at call time."""
 import numpy as np
 
 from moagen import reference
+from moagen.kernels import attention
 from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers
@@ -112,7 +120,15 @@ def _forward(causal):
                                               across="i"),)})
 
 
-KERNELS = [(spec(causal), {"dnf": (frozenset(), _forward(causal))}) for causal in (False, True)]
+# flash: attention's FlashAttention form (moagen.kernels.attention.flash) over a sequence's
+# rows, the CPU's threads sharing its heads (its rows' extent read from cu_q); causal, a row
+# tile's key blocks stop at its last row's last key seen (CausalBlocks). CPU only
+def _flash(causal):
+    return attention.flash_variant(causal, loops=ROWS, heads=HEADS, kinds=("cpu",))
+
+
+KERNELS = [(spec(causal), {"dnf": (frozenset(), _forward(causal)), "flash": _flash(causal)})
+           for causal in (False, True)]
 
 
 def _sizes(q_lens, k_lens, kv_heads=1, group=1, d=3):

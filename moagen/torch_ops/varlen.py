@@ -31,6 +31,8 @@ from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, 
                                      check_tensors, int_list)
 
 SHAPE = "(total, heads, d)"
+# the varlen kernel's variant a one-call batch runs
+ONE_CALL_VARIANT = "flash"
 
 
 def sequence_bounds(op: str, name: str, cu_seqlens: Union[Tensor, Sequence[int]],
@@ -74,7 +76,7 @@ def _packed(q, k, v, queries, keys, causal, scale, lang):
     group, d), the offsets as int64 tensors on q's device."""
     kv_heads = k.shape[1]
     offsets = [torch.tensor(b, dtype=torch.int64, device=q.device) for b in (queries, keys)]
-    out, _ = call(causal_name("attention_varlen_fwd", causal), "dnf", lang,
+    out, _ = call(causal_name("attention_varlen_fwd", causal), ONE_CALL_VARIANT, lang,
                   (q, (q.shape[0], kv_heads, q.shape[1] // kv_heads, q.shape[2])), k, v,
                   *offsets, scale=scale, out_shapes=(q.shape, None))
     return out

@@ -17,7 +17,10 @@ KeyTiles(nest, j, f), the scores S = Q K^T:
     for j in [f (e // f), e): the loop as it was           (the block's last keys)
 
 with K_panel[.., t, c, v] = K[.., f t + v, c], copied once by a nest before (K transposed
-in panels of f keys) for each array the sums read; g's reads (an added mask's M[.., i, j])
+in panels of f keys) for each array the sums read; K read at j plus an offset of the loops
+around (a packed sequence's first key, cu_k(b) + j: its tiles would not line up with the
+panels') comes instead from a copy with the key axis last, K_keys_last[.., c, cu_k(b) + j]
+(the f lanes f consecutive values from any first one); g's reads (an added mask's M[.., i, j])
 are one load a key, in place, and where g adds one (P[.., j] = h(q) + M[.., i, j]) it is
 added after the tile's stores (P[.., j] = h(q) for every row and lane, then P[.., j] +=
 M[.., i, j]): the stores then read the accumulators alone, which the compiler keeps a
@@ -140,25 +143,51 @@ class _InnerLoops(Step):
         index = rest[:at] + (tile,) + rest[at:] + (sympy.expand(access.index[k] - f * tile),)
         return S.Access(work.packs[access.array][0].name, index)
 
+    def _transposed(self, access, k, work):
+        """The read of `access` from a copy of its array with axis k (read at the keys plus
+        an offset: a panel's tiles would not line up with them) moved last (made on first
+        use): the lanes' `lanes` keys then consecutive entries, from any first one."""
+        if access.array not in work.packs:
+            work.packs[access.array] = self._pack(access.array, k, None, work) + ((k, None),)
+        elif work.packs[access.array][2] != (k, None):
+            raise ScheduleError(f"{self}: {access.array} is read with its axes in two orders: "
+                                "one panel cannot serve both")
+        index = access.index[:k] + access.index[k + 1:] + (access.index[k],)
+        return S.Access(work.packs[access.array][0].name, index)
+
     def _pack(self, array, k, at, work):
         """(the panel buffer, the nest body copying `array` into it), parallel over the
-        loops down to the tiles."""
+        loops down to the tiles; at None: the array with axis k moved last (_transposed),
+        parallel over the others."""
         buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
         shape = next(b.shape for b in buffers if b.name == array)
         f, names = self.lanes, work.names
         rest = shape[:k] + shape[k + 1:]
-        panel = Buffer(names.claim(names.new(f"{array}_panel")),
-                       rest[:at] + (idiv(shape[k], f),) + rest[at:] + (sympy.Integer(f),))
+        if at is None:
+            panel = Buffer(names.claim(names.new(f"{array}_keys_last")), rest + (shape[k],))
+        else:
+            panel = Buffer(names.claim(names.new(f"{array}_panel")),
+                           rest[:at] + (idiv(shape[k], f),) + rest[at:] + (sympy.Integer(f),))
         axes = [sympy.Symbol(names.claim(names.new(f"a{p}")), integer=True)
-                for p in range(len(shape))]
+                for p in range(len(shape) - (at is None))]
         lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
-        others = axes[:at] + axes[at + 1:]  # the panel's axes but the tile's, in its order
-        source = others[:k] + [f * axes[at] + lane] + others[k:]
-        copy = (Loop(lane, sympy.Integer(0), sympy.Integer(f),
+        if at is None:  # the lane runs over the whole key axis
+            source, lanes = axes[:k] + [lane] + axes[k:], shape[k]
+        else:
+            others = axes[:at] + axes[at + 1:]  # the panel's axes but the tile's, in its order
+            source, lanes = others[:k] + [f * axes[at] + lane] + others[k:], sympy.Integer(f)
+        copy = (Loop(lane, sympy.Integer(0), lanes,
                      (Store(panel.name, tuple(axes) + (lane,), S.Access(array, tuple(source))),)),)
-        for p in reversed(range(len(shape))):
+        for p in reversed(range(len(axes))):
             copy = (Loop(axes[p], sympy.Integer(0), panel.shape[p], copy),)
-        return panel, (replace(copy[0], parallel=at + 1),)
+        return panel, (replace(copy[0], parallel=len(axes) if at is None else at + 1),)
+
+
+def _stepped(index, var, inner):
+    """Whether index is var, or var plus an offset read outside the tile's sums (a packed
+    sequence's first row, cu_k(b) + j): its lanes consecutive entries."""
+    offset = sympy.expand(index - var)
+    return not (_symbols((offset,)) & ({var} | inner))
 
 
 @dataclass(frozen=True)
@@ -195,12 +224,15 @@ class KeyTiles(_InnerLoops):
         operands = dict.fromkeys(e for s in walk(sums) for x in stmt_exprs(s)
                                  for e in S.subexpressions(x)
                                  if isinstance(e, S.Access) and loop.var in _symbols(e.index))
+        inner = loop_vars(sums)
         for access in operands:
             at = [k for k, i in enumerate(access.index) if loop.var in _symbols((i,))]
-            if len(at) != 1 or access.index[at[0]] != loop.var:
+            if len(at) != 1 or not _stepped(access.index[at[0]], loop.var, inner):
                 raise ScheduleError(f"{self}: {access.array} is read at {access.index}: a panel "
-                                    f"needs {loop.var} alone at one position")
-            panel = self._panel(access, at[0], at[0], tile, work)
+                                    f"needs {loop.var} alone at one position, or plus an "
+                                    "offset of the loops around")
+            panel = self._panel(access, at[0], at[0], tile, work) \
+                if access.index[at[0]] == loop.var else self._transposed(access, at[0], work)
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
         body = _reads_applied_last(self, body)
