@@ -350,6 +350,7 @@ void attention_varlen_fwd_flash_f64(
                         const double rescale_3 = exp(t_3 - new_max_3);
                         const double rescale_4 = exp(t_4 - new_max_4);
                         const double rescale_5 = exp(t_5 - new_max_5);
+                        #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (64*j_blk + 64 < -cu_k[b] + cu_k[b + 1] ? 64*j_blk + 64 : -cu_k[b] + cu_k[b + 1]); ++j) {
                             probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k)] = exp(probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k)] - new_max_0);
                             probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b] + 1)*(64 < total_k ? 64 : total_k)] = exp(probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b] + 1)*(64 < total_k ? 64 : total_k)] - new_max_1);
@@ -1059,6 +1060,7 @@ void attention_varlen_fwd_flash_f32(
                         const float rescale_3 = expf(t_3 - new_max_3);
                         const float rescale_4 = expf(t_4 - new_max_4);
                         const float rescale_5 = expf(t_5 - new_max_5);
+                        #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (64*j_blk + 64 < -cu_k[b] + cu_k[b + 1] ? 64*j_blk + 64 : -cu_k[b] + cu_k[b + 1]); ++j) {
                             probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k)] = expf(probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k)] - new_max_0);
                             probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b] + 1)*(64 < total_k ? 64 : total_k)] = expf(probs[j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q[b] + 1)*(64 < total_k ? 64 : total_k)] - new_max_1);

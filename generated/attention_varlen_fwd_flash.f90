@@ -636,6 +636,7 @@ contains
               rescale_3 = exp(t_3 - new_max_3)
               rescale_4 = exp(t_4 - new_max_4)
               rescale_5 = exp(t_5 - new_max_5)
+              !$omp simd
               do j = 64*j_blk, min(64*j_blk + 64, -cu_k(b) + cu_k(b + 1)) - 1
                 probs(j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q(b))*min(64, &
       total_k)) = exp(probs(j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q(b))*min(64, &
@@ -2067,6 +2068,7 @@ contains
               rescale_3 = exp(t_3 - new_max_3)
               rescale_4 = exp(t_4 - new_max_4)
               rescale_5 = exp(t_5 - new_max_5)
+              !$omp simd
               do j = 64*j_blk, min(64*j_blk + 64, -cu_k(b) + cu_k(b + 1)) - 1
                 probs(j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q(b))*min(64, &
       total_k)) = exp(probs(j - 64*j_blk + (6*i_tile + total_q*(g*group + r) + cu_q(b))*min(64, &

@@ -157,6 +157,12 @@ def test_the_flash_variant_over_packed_sequences():
     assert {b.name: b.shape for b in onf.temps} == {
         "probs": (sym("kv_heads"), sym("group"), sym("total_q"), sympy.Min(64, sym("total_k"))),
         "K_keys_last": (sym("kv_heads"), sym("d"), sym("total_k"))}
+    # the loops over a block's scores (their exponentials) vectorized: their rows' distance
+    # is compared with the most keys a sequence has (MarkSimd)
+    rows = next(n for n in onf.nests if n.label == "rows")
+    scratch = [lp for lp in walk(rows.body) if isinstance(lp, Loop) and lp.var.name == "j"
+               and all(isinstance(s, Store) and s.array == "probs" for s in lp.body)]
+    assert scratch and all(lp.simd for lp in scratch)
     with pytest.raises(UnknownNameError, match="flash runs on cpu only, not on target kind "
                                                "cuda; its variants on it: dnf"):
         onf_of("attention_varlen_fwd", "flash", target="cuda")

@@ -465,6 +465,16 @@ def sequence_extent(stop, offsets):
     return None
 
 
+def bounded_extents(e, offsets):
+    """e with each sequence extent in it (sequence_extent) replaced by the rows its offsets
+    cut, a bound on it (the most iterations a sequence's loop runs)."""
+    if not offsets:
+        return e
+    return sympy.sympify(e).replace(
+        lambda x: isinstance(x, sympy.Add) and sequence_extent(x, offsets) is not None,
+        lambda x: sequence_extent(x, offsets)[1])
+
+
 def packed_rows(loops, offsets):
     """(the index, the extents) of a row per iteration of `loops`: each loop's variable over
     its stop, but for a loop i over sequence v's rows (sequence_extent), v among the loops,

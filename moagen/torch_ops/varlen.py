@@ -10,16 +10,15 @@ are never visited. Causal is bottom-right within each sequence, as FlashAttentio
 of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that sees no key
 (a sequence with more queries than keys, or with no key) gets zeros and no gradient.
 
-one_call=True: the batch is one call of attention_varlen_fwd (`_causal`;
+One call (one_call None, the default, where no gradient is to be taken, on the CPU; True:
+asked for, a gradient refused): the batch is one call of attention_varlen_fwd (`_causal`;
 moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each sequence's
-loops reading their bounds from them; forward only (no varlen backward kernel yet), so the
-inputs must take no gradient. Not the default: that kernel has only its dnf variant (three
-passes over a row's keys, a thread a sequence's head), faster than the per-sequence flash
-kernels only for many short sequences (8 of 16 rows: 0.4-0.6x their time), 2.4-6x slower
-for sequences of hundreds of rows (docs/journal/2026-12-07-varlen-kernel.md). Tensors
-PyTorch traces (torch.compile's fake tensors) and an empty batch take the per-sequence
-path: the batch's kernel is called directly, not as an operator, and takes sizes of at
-least 1."""
+loops reading their bounds from them; its flash variant on the CPU (0.1-0.8x the
+per-sequence calls' time at 8 x 16 to 1024 + 64 rows; docs/journal/2026-12-08-varlen-flash.md),
+its dnf on a GPU. A gradient takes the per-sequence path (no varlen backward kernel yet), as
+do CUDA tensors by default (the one call there is unmeasured), tensors PyTorch traces
+(torch.compile's fake tensors) and an empty batch: the batch's kernel is called directly,
+not as an operator, and takes sizes of at least 1. one_call=False: always per sequence."""
 import math
 from typing import Optional, Sequence, Union
 
@@ -31,8 +30,6 @@ from moagen.torch_ops.native import (call, causal_name, check_dims, check_lang, 
                                      check_tensors, int_list)
 
 SHAPE = "(total, heads, d)"
-# the varlen kernel's variant a one-call batch runs
-ONE_CALL_VARIANT = "flash"
 
 
 def sequence_bounds(op: str, name: str, cu_seqlens: Union[Tensor, Sequence[int]],
@@ -60,13 +57,17 @@ def _check(op, q, k, v, lang):
 
 
 def _one_call(op, q, k, v, one_call):
-    """Whether the batch is one call of the varlen kernel: asked for, plain tensors with
-    rows to attend; refused where a gradient is to be taken."""
-    if not one_call:
+    """Whether the batch is one call of the varlen kernel: asked for (True) or by default
+    (None: on the CPU, no gradient to take), plain tensors with rows to attend; True refused
+    where a gradient is to be taken."""
+    if one_call is False:
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    gradient = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if one_call and gradient:
         raise ValueError(f"{op}: one_call=True is forward only (no varlen backward kernel); "
                          "call it under torch.no_grad() or on inputs that take no gradient")
+    if one_call is None and (gradient or q.device.type != "cpu"):
+        return False
     plain = all(type(t) is Tensor for t in (q, k, v))
     return plain and q.shape[0] > 0 and k.shape[0] > 0
 
@@ -76,7 +77,8 @@ def _packed(q, k, v, queries, keys, causal, scale, lang):
     group, d), the offsets as int64 tensors on q's device."""
     kv_heads = k.shape[1]
     offsets = [torch.tensor(b, dtype=torch.int64, device=q.device) for b in (queries, keys)]
-    out, _ = call(causal_name("attention_varlen_fwd", causal), ONE_CALL_VARIANT, lang,
+    variant = "flash" if q.device.type == "cpu" else "dnf"  # flash: CPU only
+    out, _ = call(causal_name("attention_varlen_fwd", causal), variant, lang,
                   (q, (q.shape[0], kv_heads, q.shape[1] // kv_heads, q.shape[2])), k, v,
                   *offsets, scale=scale, out_shapes=(q.shape, None))
     return out
@@ -91,7 +93,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
                      cu_seqlens_q: Union[Tensor, Sequence[int]],
                      cu_seqlens_k: Union[Tensor, Sequence[int]], *,
                      causal: bool = False, scale: Optional[float] = None,
-                     lang: str = "c", one_call: bool = False) -> Tensor:
+                     lang: str = "c", one_call: Optional[bool] = None) -> Tensor:
     """softmax(scale q k^T) v within each packed sequence, as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., causal=causal) computes
     it (its max_seqlen arguments are not needed here): q (total_q, heads, d), k and v
@@ -99,7 +101,8 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     and cu_seqlens_k the batch's cumulative offsets, as many of each (batch + 1), from 0 to
     total_q and total_k. causal: bottom-right within each sequence. Returns (total_q, heads,
     d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's.
-    one_call: the batch by one kernel call, forward only (see the module's docstring)."""
+    one_call: the batch by one kernel call (True), per sequence (False), or the first where
+    no gradient is to be taken on the CPU (None; see the module's docstring)."""
     op = "moagen.torch.attention_varlen"
     if not isinstance(causal, bool):
         raise ValueError(f"{op}: causal must be True (bottom-right within each sequence, as "
