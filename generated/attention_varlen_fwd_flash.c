@@ -97,7 +97,7 @@ void attention_varlen_fwd_flash_f64(
     double *restrict O,
     double *restrict lse,
     double *restrict probs,
-    double *restrict K_keys_last,
+    double *restrict K_panel,
     int64_t total_q,
     int64_t kv_heads,
     int64_t group,
@@ -107,19 +107,24 @@ void attention_varlen_fwd_flash_f64(
     double scale
 )
 {
-    /* rows.pack_K: reads K; scratch K_keys_last
-     * for a0, a1 (parallel) / lane (simd)
+    /* rows.pack_K: reads K; scratch K_panel
+     * for seq (parallel) / seq_tile / a0 / a1 / lane (simd)
      */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t a0 = 0; a0 < kv_heads; ++a0) {
-        for (int64_t a1 = 0; a1 < d; ++a1) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < total_k; ++lane) {
-                K_keys_last[lane + total_k*(a0*d + a1)] = K[a1 + d*(a0 + kv_heads*lane)];
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t seq = 0; seq < batch; ++seq) {
+        for (int64_t seq_tile = 0; seq_tile < ((-cu_k[seq] + cu_k[seq + 1]) / 8); ++seq_tile) {
+            for (int64_t a0 = 0; a0 < kv_heads; ++a0) {
+                for (int64_t a1 = 0; a1 < d; ++a1) {
+                    const int64_t K_panel_row = 8*a1 + 8*d*(a0 + kv_heads*(seq + seq_tile + ((cu_k[seq]) / 8)));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 8; ++lane) {
+                        K_panel[K_panel_row + lane] = K[a1 + d*(a0 + kv_heads*(lane + 8*seq_tile + cu_k[seq]))];
+                    }
+                }
             }
         }
     }
-    /* rows: writes O, lse; reads Q, K, V; scratch probs, K_keys_last
+    /* rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
      * for b, g, r (parallel, interleaved) / i_tile / c (simd), j_blk / j_tile, j, j (simd), c,
      *     c_tile / c (register tile), c (simd), j (register tile), c
      */
@@ -201,54 +206,54 @@ void attention_varlen_fwd_flash_f64(
                             double qk_5_7 = 0.0;
                             #pragma omp simd if(simd: 0)
                             for (int64_t c = 0; c < d; ++c) {
-                                qk_0_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_0_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_0_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_0_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_0_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_0_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_0_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_0_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_1_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_1_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_1_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_1_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_1_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_1_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_1_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_1_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_2_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_2_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_2_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_2_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_2_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_2_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_2_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_2_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_3_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_3_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_3_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_3_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_3_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_3_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_3_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_3_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_4_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_4_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_4_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_4_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_4_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_4_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_4_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_4_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_5_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_5_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_5_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_5_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_5_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_5_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_5_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_5_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[8*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
+                                qk_0_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8)))];
+                                qk_0_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 1];
+                                qk_0_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 2];
+                                qk_0_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 3];
+                                qk_0_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 4];
+                                qk_0_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 5];
+                                qk_0_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 6];
+                                qk_0_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 7];
+                                qk_1_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8)))];
+                                qk_1_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 1];
+                                qk_1_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 2];
+                                qk_1_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 3];
+                                qk_1_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 4];
+                                qk_1_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 5];
+                                qk_1_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 6];
+                                qk_1_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 7];
+                                qk_2_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8)))];
+                                qk_2_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 1];
+                                qk_2_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 2];
+                                qk_2_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 3];
+                                qk_2_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 4];
+                                qk_2_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 5];
+                                qk_2_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 6];
+                                qk_2_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 7];
+                                qk_3_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8)))];
+                                qk_3_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 1];
+                                qk_3_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 2];
+                                qk_3_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 3];
+                                qk_3_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 4];
+                                qk_3_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 5];
+                                qk_3_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 6];
+                                qk_3_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 7];
+                                qk_4_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8)))];
+                                qk_4_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 1];
+                                qk_4_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 2];
+                                qk_4_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 3];
+                                qk_4_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 4];
+                                qk_4_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 5];
+                                qk_4_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 6];
+                                qk_4_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 7];
+                                qk_5_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8)))];
+                                qk_5_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 1];
+                                qk_5_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 2];
+                                qk_5_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 3];
+                                qk_5_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 4];
+                                qk_5_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 5];
+                                qk_5_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 6];
+                                qk_5_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 8))) + 7];
                             }
                             probs[-64*j_blk + 8*j_tile + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k)] = scale * qk_0_0;
                             probs[-64*j_blk + 8*j_tile + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k) + 1] = scale * qk_0_1;
@@ -663,7 +668,7 @@ void attention_varlen_fwd_flash_f32(
     float *restrict O,
     float *restrict lse,
     float *restrict probs,
-    float *restrict K_keys_last,
+    float *restrict K_panel,
     int64_t total_q,
     int64_t kv_heads,
     int64_t group,
@@ -673,19 +678,24 @@ void attention_varlen_fwd_flash_f32(
     float scale
 )
 {
-    /* rows.pack_K: reads K; scratch K_keys_last
-     * for a0, a1 (parallel) / lane (simd)
+    /* rows.pack_K: reads K; scratch K_panel
+     * for seq (parallel) / seq_tile / a0 / a1 / lane (simd)
      */
-    #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t a0 = 0; a0 < kv_heads; ++a0) {
-        for (int64_t a1 = 0; a1 < d; ++a1) {
-            #pragma omp simd
-            for (int64_t lane = 0; lane < total_k; ++lane) {
-                K_keys_last[lane + total_k*(a0*d + a1)] = K[a1 + d*(a0 + kv_heads*lane)];
+    #pragma omp parallel for collapse(1) schedule(static)
+    for (int64_t seq = 0; seq < batch; ++seq) {
+        for (int64_t seq_tile = 0; seq_tile < ((-cu_k[seq] + cu_k[seq + 1]) / 16); ++seq_tile) {
+            for (int64_t a0 = 0; a0 < kv_heads; ++a0) {
+                for (int64_t a1 = 0; a1 < d; ++a1) {
+                    const int64_t K_panel_row = 16*a1 + 16*d*(a0 + kv_heads*(seq + seq_tile + ((cu_k[seq]) / 16)));
+                    #pragma omp simd
+                    for (int64_t lane = 0; lane < 16; ++lane) {
+                        K_panel[K_panel_row + lane] = K[a1 + d*(a0 + kv_heads*(lane + 16*seq_tile + cu_k[seq]))];
+                    }
+                }
             }
         }
     }
-    /* rows: writes O, lse; reads Q, K, V; scratch probs, K_keys_last
+    /* rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
      * for b, g, r (parallel, interleaved) / i_tile / c (simd), j_blk / j_tile, j, j (simd), c,
      *     c_tile / c (register tile), c (simd), j (register tile), c
      */
@@ -815,102 +825,102 @@ void attention_varlen_fwd_flash_f32(
                             float qk_5_15 = 0.0f;
                             #pragma omp simd if(simd: 0)
                             for (int64_t c = 0; c < d; ++c) {
-                                qk_0_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_0_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_0_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_0_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_0_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_0_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_0_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_0_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_0_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 8];
-                                qk_0_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 9];
-                                qk_0_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 10];
-                                qk_0_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 11];
-                                qk_0_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 12];
-                                qk_0_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 13];
-                                qk_0_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 14];
-                                qk_0_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 15];
-                                qk_1_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_1_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_1_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_1_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_1_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_1_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_1_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_1_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_1_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 8];
-                                qk_1_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 9];
-                                qk_1_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 10];
-                                qk_1_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 11];
-                                qk_1_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 12];
-                                qk_1_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 13];
-                                qk_1_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 14];
-                                qk_1_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 15];
-                                qk_2_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_2_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_2_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_2_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_2_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_2_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_2_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_2_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_2_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 8];
-                                qk_2_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 9];
-                                qk_2_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 10];
-                                qk_2_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 11];
-                                qk_2_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 12];
-                                qk_2_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 13];
-                                qk_2_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 14];
-                                qk_2_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 15];
-                                qk_3_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_3_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_3_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_3_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_3_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_3_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_3_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_3_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_3_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 8];
-                                qk_3_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 9];
-                                qk_3_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 10];
-                                qk_3_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 11];
-                                qk_3_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 12];
-                                qk_3_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 13];
-                                qk_3_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 14];
-                                qk_3_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 15];
-                                qk_4_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_4_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_4_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_4_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_4_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_4_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_4_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_4_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_4_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 8];
-                                qk_4_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 9];
-                                qk_4_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 10];
-                                qk_4_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 11];
-                                qk_4_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 12];
-                                qk_4_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 13];
-                                qk_4_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 14];
-                                qk_4_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 15];
-                                qk_5_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b]];
-                                qk_5_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 1];
-                                qk_5_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 2];
-                                qk_5_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 3];
-                                qk_5_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 4];
-                                qk_5_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 5];
-                                qk_5_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 6];
-                                qk_5_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 7];
-                                qk_5_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 8];
-                                qk_5_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 9];
-                                qk_5_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 10];
-                                qk_5_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 11];
-                                qk_5_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 12];
-                                qk_5_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 13];
-                                qk_5_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 14];
-                                qk_5_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_keys_last[16*j_tile + total_k*(c + d*g) + cu_k[b] + 15];
+                                qk_0_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16)))];
+                                qk_0_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 1];
+                                qk_0_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 2];
+                                qk_0_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 3];
+                                qk_0_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 4];
+                                qk_0_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 5];
+                                qk_0_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 6];
+                                qk_0_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 7];
+                                qk_0_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 8];
+                                qk_0_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 9];
+                                qk_0_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 10];
+                                qk_0_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 11];
+                                qk_0_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 12];
+                                qk_0_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 13];
+                                qk_0_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 14];
+                                qk_0_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b])) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 15];
+                                qk_1_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16)))];
+                                qk_1_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 1];
+                                qk_1_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 2];
+                                qk_1_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 3];
+                                qk_1_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 4];
+                                qk_1_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 5];
+                                qk_1_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 6];
+                                qk_1_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 7];
+                                qk_1_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 8];
+                                qk_1_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 9];
+                                qk_1_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 10];
+                                qk_1_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 11];
+                                qk_1_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 12];
+                                qk_1_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 13];
+                                qk_1_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 14];
+                                qk_1_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 1)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 15];
+                                qk_2_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16)))];
+                                qk_2_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 1];
+                                qk_2_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 2];
+                                qk_2_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 3];
+                                qk_2_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 4];
+                                qk_2_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 5];
+                                qk_2_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 6];
+                                qk_2_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 7];
+                                qk_2_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 8];
+                                qk_2_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 9];
+                                qk_2_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 10];
+                                qk_2_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 11];
+                                qk_2_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 12];
+                                qk_2_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 13];
+                                qk_2_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 14];
+                                qk_2_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 2)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 15];
+                                qk_3_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16)))];
+                                qk_3_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 1];
+                                qk_3_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 2];
+                                qk_3_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 3];
+                                qk_3_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 4];
+                                qk_3_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 5];
+                                qk_3_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 6];
+                                qk_3_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 7];
+                                qk_3_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 8];
+                                qk_3_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 9];
+                                qk_3_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 10];
+                                qk_3_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 11];
+                                qk_3_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 12];
+                                qk_3_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 13];
+                                qk_3_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 14];
+                                qk_3_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 3)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 15];
+                                qk_4_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16)))];
+                                qk_4_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 1];
+                                qk_4_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 2];
+                                qk_4_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 3];
+                                qk_4_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 4];
+                                qk_4_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 5];
+                                qk_4_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 6];
+                                qk_4_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 7];
+                                qk_4_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 8];
+                                qk_4_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 9];
+                                qk_4_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 10];
+                                qk_4_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 11];
+                                qk_4_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 12];
+                                qk_4_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 13];
+                                qk_4_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 14];
+                                qk_4_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 4)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 15];
+                                qk_5_0 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16)))];
+                                qk_5_1 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 1];
+                                qk_5_2 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 2];
+                                qk_5_3 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 3];
+                                qk_5_4 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 4];
+                                qk_5_5 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 5];
+                                qk_5_6 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 6];
+                                qk_5_7 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 7];
+                                qk_5_8 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 8];
+                                qk_5_9 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 9];
+                                qk_5_10 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 10];
+                                qk_5_11 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 11];
+                                qk_5_12 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 12];
+                                qk_5_13 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 13];
+                                qk_5_14 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 14];
+                                qk_5_15 += Q[c + d*(group*(g + kv_heads*(6*i_tile + cu_q[b] + 5)) + r)] * K_panel[16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k[b]) / 16))) + 15];
                             }
                             probs[-64*j_blk + 16*j_tile + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k)] = scale * qk_0_0;
                             probs[-64*j_blk + 16*j_tile + (6*i_tile + total_q*(g*group + r) + cu_q[b])*(64 < total_k ? 64 : total_k) + 1] = scale * qk_0_1;

@@ -79,8 +79,8 @@ module moagen_kernels
 
 contains
 
-  subroutine attention_varlen_fwd_flash_f64(Q, K, V, cu_q, cu_k, O, lse, probs, K_keys_last, &
-      & total_q, kv_heads, group, d, total_k, batch, scale) &
+  subroutine attention_varlen_fwd_flash_f64(Q, K, V, cu_q, cu_k, O, lse, probs, K_panel, total_q, &
+      & kv_heads, group, d, total_k, batch, scale) &
       bind(C, name="attention_varlen_fwd_flash_f64")
     integer(c_int64_t), value, intent(in) :: total_q, kv_heads, group, d, total_k, batch
     real(c_double), value, intent(in) :: scale
@@ -92,9 +92,9 @@ contains
     real(c_double), intent(out) :: O(0:total_q * kv_heads * group * d - 1)
     real(c_double), intent(out) :: lse(0:total_q * kv_heads * group - 1)
     real(c_double), intent(out) :: probs(0:kv_heads * group * total_q * min(64, total_k) - 1)
-    real(c_double), intent(out) :: K_keys_last(0:kv_heads * d * total_k - 1)
-    integer(c_int64_t) :: a0, a1, lane, b, g, r, i_tile, c, j_blk, j_tile, j, c_tile, i, K_row, &
-        & V_row
+    real(c_double), intent(out) :: K_panel(0:batch + ((total_k) / 8) * kv_heads * d * 8 - 1)
+    integer(c_int64_t) :: seq, seq_tile, a0, a1, lane, b, g, r, i_tile, c, j_blk, j_tile, j, &
+        & c_tile, i, K_panel_row, K_row, V_row
     real(c_double) :: t_0, t_1, t_2, t_3, t_4, t_5, row_sum_0, row_sum_1, row_sum_2, row_sum_3, &
         & row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
         & qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, &
@@ -114,19 +114,25 @@ contains
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
 
-    ! rows.pack_K: reads K; scratch K_keys_last
-    ! for a0, a1 (parallel) / lane (simd)
-    !$omp parallel do collapse(2) schedule(static) private(lane)
-    do a0 = 0, kv_heads - 1
-      do a1 = 0, d - 1
-        !$omp simd
-        do lane = 0, total_k - 1
-          K_keys_last(lane + total_k*(a0*d + a1)) = K(a1 + d*(a0 + kv_heads*lane))
+    ! rows.pack_K: reads K; scratch K_panel
+    ! for seq (parallel) / seq_tile / a0 / a1 / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(seq_tile, a0, a1, lane, K_panel_row)
+    do seq = 0, batch - 1
+      do seq_tile = 0, ((-cu_k(seq) + cu_k(seq + 1)) / 8) - 1
+        do a0 = 0, kv_heads - 1
+          do a1 = 0, d - 1
+            K_panel_row = 8*a1 + 8*d*(a0 + kv_heads*(seq + seq_tile + ((cu_k(seq)) / 8)))
+            !$omp simd
+            do lane = 0, 7
+              K_panel(K_panel_row + lane) = K(a1 + d*(a0 + kv_heads*(lane + 8*seq_tile + &
+                  & cu_k(seq))))
+            end do
+          end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! rows: writes O, lse; reads Q, K, V; scratch probs, K_keys_last
+    ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
     ! for b, g, r (parallel, interleaved) / i_tile / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private( &
@@ -366,101 +372,101 @@ contains
                 !GCC$ novector
                 do c = 0, d - 1
                   qk_0_0 = qk_0_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))))
                   qk_0_1 = qk_0_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 1)
                   qk_0_2 = qk_0_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 2)
                   qk_0_3 = qk_0_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 3)
                   qk_0_4 = qk_0_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 4)
                   qk_0_5 = qk_0_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 5)
                   qk_0_6 = qk_0_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 6)
                   qk_0_7 = qk_0_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 7)
                   qk_1_0 = qk_1_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))))
                   qk_1_1 = qk_1_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 1)
                   qk_1_2 = qk_1_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 2)
                   qk_1_3 = qk_1_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 3)
                   qk_1_4 = qk_1_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 4)
                   qk_1_5 = qk_1_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 5)
                   qk_1_6 = qk_1_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 6)
                   qk_1_7 = qk_1_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 7)
                   qk_2_0 = qk_2_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))))
                   qk_2_1 = qk_2_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 1)
                   qk_2_2 = qk_2_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 2)
                   qk_2_3 = qk_2_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 3)
                   qk_2_4 = qk_2_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 4)
                   qk_2_5 = qk_2_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 5)
                   qk_2_6 = qk_2_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 6)
                   qk_2_7 = qk_2_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 7)
                   qk_3_0 = qk_3_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))))
                   qk_3_1 = qk_3_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 1)
                   qk_3_2 = qk_3_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 2)
                   qk_3_3 = qk_3_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 3)
                   qk_3_4 = qk_3_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 4)
                   qk_3_5 = qk_3_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 5)
                   qk_3_6 = qk_3_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 6)
                   qk_3_7 = qk_3_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 7)
                   qk_4_0 = qk_4_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))))
                   qk_4_1 = qk_4_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 1)
                   qk_4_2 = qk_4_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 2)
                   qk_4_3 = qk_4_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 3)
                   qk_4_4 = qk_4_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 4)
                   qk_4_5 = qk_4_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 5)
                   qk_4_6 = qk_4_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 6)
                   qk_4_7 = qk_4_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 7)
                   qk_5_0 = qk_5_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))))
                   qk_5_1 = qk_5_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 1)
                   qk_5_2 = qk_5_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 2)
                   qk_5_3 = qk_5_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 3)
                   qk_5_4 = qk_5_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 4)
                   qk_5_5 = qk_5_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 5)
                   qk_5_6 = qk_5_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 6)
                   qk_5_7 = qk_5_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(8*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(8*c + 8*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 8))) + 7)
                 end do
                 probs(-64*j_blk + 8*j_tile + (6*i_tile + total_q*(g*group + r) + cu_q(b))*min( &
       64, total_k)) = scale * qk_0_0
@@ -1166,8 +1172,8 @@ contains
     !$omp end parallel do
   end subroutine attention_varlen_fwd_flash_f64
 
-  subroutine attention_varlen_fwd_flash_f32(Q, K, V, cu_q, cu_k, O, lse, probs, K_keys_last, &
-      & total_q, kv_heads, group, d, total_k, batch, scale) &
+  subroutine attention_varlen_fwd_flash_f32(Q, K, V, cu_q, cu_k, O, lse, probs, K_panel, total_q, &
+      & kv_heads, group, d, total_k, batch, scale) &
       bind(C, name="attention_varlen_fwd_flash_f32")
     integer(c_int64_t), value, intent(in) :: total_q, kv_heads, group, d, total_k, batch
     real(c_float), value, intent(in) :: scale
@@ -1179,9 +1185,9 @@ contains
     real(c_float), intent(out) :: O(0:total_q * kv_heads * group * d - 1)
     real(c_float), intent(out) :: lse(0:total_q * kv_heads * group - 1)
     real(c_float), intent(out) :: probs(0:kv_heads * group * total_q * min(64, total_k) - 1)
-    real(c_float), intent(out) :: K_keys_last(0:kv_heads * d * total_k - 1)
-    integer(c_int64_t) :: a0, a1, lane, b, g, r, i_tile, c, j_blk, j_tile, j, c_tile, i, K_row, &
-        & V_row
+    real(c_float), intent(out) :: K_panel(0:batch + ((total_k) / 16) * kv_heads * d * 16 - 1)
+    integer(c_int64_t) :: seq, seq_tile, a0, a1, lane, b, g, r, i_tile, c, j_blk, j_tile, j, &
+        & c_tile, i, K_panel_row, K_row, V_row
     real(c_float) :: t_0, t_1, t_2, t_3, t_4, t_5, row_sum_0, row_sum_1, row_sum_2, row_sum_3, &
         & row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
         & qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, &
@@ -1210,19 +1216,25 @@ contains
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
 
-    ! rows.pack_K: reads K; scratch K_keys_last
-    ! for a0, a1 (parallel) / lane (simd)
-    !$omp parallel do collapse(2) schedule(static) private(lane)
-    do a0 = 0, kv_heads - 1
-      do a1 = 0, d - 1
-        !$omp simd
-        do lane = 0, total_k - 1
-          K_keys_last(lane + total_k*(a0*d + a1)) = K(a1 + d*(a0 + kv_heads*lane))
+    ! rows.pack_K: reads K; scratch K_panel
+    ! for seq (parallel) / seq_tile / a0 / a1 / lane (simd)
+    !$omp parallel do collapse(1) schedule(static) private(seq_tile, a0, a1, lane, K_panel_row)
+    do seq = 0, batch - 1
+      do seq_tile = 0, ((-cu_k(seq) + cu_k(seq + 1)) / 16) - 1
+        do a0 = 0, kv_heads - 1
+          do a1 = 0, d - 1
+            K_panel_row = 16*a1 + 16*d*(a0 + kv_heads*(seq + seq_tile + ((cu_k(seq)) / 16)))
+            !$omp simd
+            do lane = 0, 15
+              K_panel(K_panel_row + lane) = K(a1 + d*(a0 + kv_heads*(lane + 16*seq_tile + &
+                  & cu_k(seq))))
+            end do
+          end do
         end do
       end do
     end do
     !$omp end parallel do
-    ! rows: writes O, lse; reads Q, K, V; scratch probs, K_keys_last
+    ! rows: writes O, lse; reads Q, K, V; scratch probs, K_panel
     ! for b, g, r (parallel, interleaved) / i_tile / c (simd), j_blk / j_tile, j, j (simd), c,
     !     c_tile / c (register tile), c (simd), j (register tile), c
     !$omp parallel do collapse(3) schedule(static, 1) private( &
@@ -1606,197 +1618,227 @@ contains
                 !GCC$ novector
                 do c = 0, d - 1
                   qk_0_0 = qk_0_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))))
                   qk_0_1 = qk_0_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 1)
                   qk_0_2 = qk_0_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 2)
                   qk_0_3 = qk_0_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 3)
                   qk_0_4 = qk_0_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 4)
                   qk_0_5 = qk_0_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 5)
                   qk_0_6 = qk_0_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 6)
                   qk_0_7 = qk_0_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 7)
                   qk_0_8 = qk_0_8 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 8)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 8)
                   qk_0_9 = qk_0_9 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 9)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 9)
                   qk_0_10 = qk_0_10 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 10)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 10)
                   qk_0_11 = qk_0_11 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 11)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 11)
                   qk_0_12 = qk_0_12 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 12)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 12)
                   qk_0_13 = qk_0_13 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 13)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 13)
                   qk_0_14 = qk_0_14 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 14)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 14)
                   qk_0_15 = qk_0_15 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b))) + r)) * &
-                      & K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 15)
+                      & K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 15)
                   qk_1_0 = qk_1_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))))
                   qk_1_1 = qk_1_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 1)
                   qk_1_2 = qk_1_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 2)
                   qk_1_3 = qk_1_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 3)
                   qk_1_4 = qk_1_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 4)
                   qk_1_5 = qk_1_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 5)
                   qk_1_6 = qk_1_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 6)
                   qk_1_7 = qk_1_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 7)
                   qk_1_8 = qk_1_8 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 8)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 8)
                   qk_1_9 = qk_1_9 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 9)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 9)
                   qk_1_10 = qk_1_10 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 10)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 10)
                   qk_1_11 = qk_1_11 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 11)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 11)
                   qk_1_12 = qk_1_12 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 12)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 12)
                   qk_1_13 = qk_1_13 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 13)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 13)
                   qk_1_14 = qk_1_14 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 14)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 14)
                   qk_1_15 = qk_1_15 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 1)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 15)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 15)
                   qk_2_0 = qk_2_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))))
                   qk_2_1 = qk_2_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 1)
                   qk_2_2 = qk_2_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 2)
                   qk_2_3 = qk_2_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 3)
                   qk_2_4 = qk_2_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 4)
                   qk_2_5 = qk_2_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 5)
                   qk_2_6 = qk_2_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 6)
                   qk_2_7 = qk_2_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 7)
                   qk_2_8 = qk_2_8 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 8)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 8)
                   qk_2_9 = qk_2_9 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 9)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 9)
                   qk_2_10 = qk_2_10 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 10)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 10)
                   qk_2_11 = qk_2_11 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 11)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 11)
                   qk_2_12 = qk_2_12 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 12)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 12)
                   qk_2_13 = qk_2_13 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 13)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 13)
                   qk_2_14 = qk_2_14 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 14)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 14)
                   qk_2_15 = qk_2_15 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 2)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 15)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 15)
                   qk_3_0 = qk_3_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))))
                   qk_3_1 = qk_3_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 1)
                   qk_3_2 = qk_3_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 2)
                   qk_3_3 = qk_3_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 3)
                   qk_3_4 = qk_3_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 4)
                   qk_3_5 = qk_3_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 5)
                   qk_3_6 = qk_3_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 6)
                   qk_3_7 = qk_3_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 7)
                   qk_3_8 = qk_3_8 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 8)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 8)
                   qk_3_9 = qk_3_9 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 9)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 9)
                   qk_3_10 = qk_3_10 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 10)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 10)
                   qk_3_11 = qk_3_11 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 11)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 11)
                   qk_3_12 = qk_3_12 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 12)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 12)
                   qk_3_13 = qk_3_13 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 13)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 13)
                   qk_3_14 = qk_3_14 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 14)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 14)
                   qk_3_15 = qk_3_15 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 3)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 15)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 15)
                   qk_4_0 = qk_4_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))))
                   qk_4_1 = qk_4_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 1)
                   qk_4_2 = qk_4_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 2)
                   qk_4_3 = qk_4_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 3)
                   qk_4_4 = qk_4_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 4)
                   qk_4_5 = qk_4_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 5)
                   qk_4_6 = qk_4_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 6)
                   qk_4_7 = qk_4_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 7)
                   qk_4_8 = qk_4_8 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 8)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 8)
                   qk_4_9 = qk_4_9 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 9)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 9)
                   qk_4_10 = qk_4_10 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 10)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 10)
                   qk_4_11 = qk_4_11 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 11)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 11)
                   qk_4_12 = qk_4_12 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 12)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 12)
                   qk_4_13 = qk_4_13 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 13)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 13)
                   qk_4_14 = qk_4_14 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 14)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 14)
                   qk_4_15 = qk_4_15 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 4)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 15)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 15)
                   qk_5_0 = qk_5_0 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b))
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))))
                   qk_5_1 = qk_5_1 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 1)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 1)
                   qk_5_2 = qk_5_2 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 2)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 2)
                   qk_5_3 = qk_5_3 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 3)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 3)
                   qk_5_4 = qk_5_4 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 4)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 4)
                   qk_5_5 = qk_5_5 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 5)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 5)
                   qk_5_6 = qk_5_6 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 6)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 6)
                   qk_5_7 = qk_5_7 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 7)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 7)
                   qk_5_8 = qk_5_8 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 8)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 8)
                   qk_5_9 = qk_5_9 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + r)) &
-                      & * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 9)
+                      & * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) + 9)
                   qk_5_10 = qk_5_10 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 10)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 10)
                   qk_5_11 = qk_5_11 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 11)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 11)
                   qk_5_12 = qk_5_12 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 12)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 12)
                   qk_5_13 = qk_5_13 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 13)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 13)
                   qk_5_14 = qk_5_14 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 14)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 14)
                   qk_5_15 = qk_5_15 + Q(c + d*(group*(g + kv_heads*(6*i_tile + cu_q(b) + 5)) + &
-                      & r)) * K_keys_last(16*j_tile + total_k*(c + d*g) + cu_k(b) + 15)
+                      & r)) * K_panel(16*c + 16*d*(g + kv_heads*(b + j_tile + ((cu_k(b)) / 16))) &
+                      & + 15)
                 end do
                 probs(-64*j_blk + 16*j_tile + (6*i_tile + total_q*(g*group + r) + cu_q(b))*min &
       (64, total_k)) = scale * qk_0_0

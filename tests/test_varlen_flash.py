@@ -19,7 +19,8 @@ from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, idiv, lift, psi, sym
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import run_onf
-from moagen.onf.loops import Let, Loop, Store, map_stmt_exprs, offsets_of, scratch_row, walk
+from moagen.onf.loops import (Let, Loop, Store, map_stmt_exprs, offsets_of, scratch_row,
+                              stmt_exprs, walk)
 from moagen.onf.names import Names
 from moagen.onf.realize import realize
 from moagen.pipeline import onf_of
@@ -148,15 +149,20 @@ def test_scratch_rows_over_a_sequence_are_its_packed_rows():
 
 
 def test_the_flash_variant_over_packed_sequences():
-    """Every loop over a sequence's rows or keys bounded by its offsets; K read by a copy
-    with the keys last (a panel's tiles would not line up with a sequence's first key), V in
-    place; no temp sized by the offsets; CPU only."""
+    """Every loop over a sequence's rows or keys bounded by its offsets; K read from panels
+    whose tiles start at each sequence's first key (tiles from 0 would not line up with it),
+    tile t of sequence b at cu_k(b) // 8 + b + t, V in place; no temp sized by the offsets;
+    CPU only."""
     onf = onf_of("attention_varlen_fwd_causal", "flash")
     assert offsets_of(onf) == {"cu_q": sym("total_q"), "cu_k": sym("total_k")}
     assert [n.label for n in onf.nests] == ["rows.pack_K", "rows", "rows.edge"]
     assert {b.name: b.shape for b in onf.temps} == {
         "probs": (sym("kv_heads"), sym("group"), sym("total_q"), sympy.Min(64, sym("total_k"))),
-        "K_keys_last": (sym("kv_heads"), sym("d"), sym("total_k"))}
+        "K_panel": (idiv(sym("total_k"), 8) + sym("batch"), sym("kv_heads"), sym("d"), 8)}
+    cu_k, b = sympy.Function("cu_k", integer=True), sym("b")
+    reads = [e.offset for n in onf.nests for s in walk(n.body) for x in stmt_exprs(s)
+             for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == "K_panel"]
+    assert reads and all(r.has(b + sym("j_tile") + idiv(cu_k(b), 8)) for r in reads)
     # the loops over a block's scores (their exponentials) vectorized: their rows' distance
     # is compared with the most keys a sequence has (MarkSimd)
     rows = next(n for n in onf.nests if n.label == "rows")
@@ -179,7 +185,8 @@ def test_key_tiles_refuse_a_key_read_that_does_not_step_with_the_key():
         return S.map_children(e, doubled)
     onf = _rewritten(onf_of("attention_varlen_fwd", "flash", upto=6),
                      lambda s: map_stmt_exprs(s, doubled))
-    with pytest.raises(ScheduleError, match="needs j alone at one position, or plus an offset"):
+    with pytest.raises(ScheduleError, match="needs j alone at one position, or plus a "
+                                              "sequence's first row"):
         KeyTiles("rows", "j", 8)(onf)
 
 

@@ -21,8 +21,8 @@ Variants: dnf (row by row; every target) and flash (attention's FlashAttention f
 pass over a row's keys in blocks, row tiles and register tiles; C and Fortran only). The
 flash steps take a sequence's loops, their extents read from the offsets: the running max
 starts at the floor and O is divided by max(l, 1) (OnlineSoftmax), the scores' scratch rows
-are the packed rows (moagen.onf.loops.scratch_row), K is read from a copy with its keys last
-(KeyTiles: a panel's tiles would not line up with a sequence's first key), and causal's row
+are the packed rows (moagen.onf.loops.scratch_row), K is read from panels whose tiles start
+at each sequence's first key (KeyTiles), and causal's row
 tiles stop at their last row's last key (CausalBlocks; a row may see none, the floored max
 keeping the skipped blocks no-ops). CUDA and OpenACC take dnf only: a grid over each
 sequence's query tiles needs the longest sequence as a size given at call time."""
