@@ -13,9 +13,10 @@ of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that
 One call (one_call None, the default, where no gradient is to be taken, on the CPU; True:
 asked for, a gradient refused): the batch is one call of attention_varlen_fwd (`_causal`;
 moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each sequence's
-loops reading their bounds from them; its flash variant on the CPU (0.1-0.8x the
-per-sequence calls' time at 8 x 16 to 1024 + 64 rows; docs/journal/2026-12-08-varlen-flash.md),
-its dnf on a GPU. A gradient takes the per-sequence path (no varlen backward kernel yet), as
+loops reading their bounds from them; its flash variant on the CPU (0.09-0.65x the
+per-sequence calls' time at 8 x 16 to 1024 + 64 rows with two threads; with one, 0.23-0.31x
+at 8 x 16, 1.0-1.56x at 1024 + 64: docs/journal/2026-12-08-varlen-flash.md), its dnf on a
+GPU. A gradient takes the per-sequence path (no varlen backward kernel yet), as
 do CUDA tensors by default (the one call there is unmeasured), tensors PyTorch traces
 (torch.compile's fake tensors) and an empty batch: the batch's kernel is called directly,
 not as an operator, and takes sizes of at least 1. one_call=False: always per sequence."""
