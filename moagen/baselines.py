@@ -222,19 +222,41 @@ def block_bwd(x, norm1, Wq, Wk, Wv, Wo, norm2, Wg, Wu, Wd, inv_rms1, Q, K, V, at
     return torch.autograd.grad(y, leaves, dy)
 
 
+def _varlen_sequences(cu_q, cu_k, causal):
+    """(the first query row that sees a key, the sequence's query end, its key rows) of the
+    sequences where a query sees a key: causal bottom-right, a sequence with no keys none."""
+    for s in range(len(cu_q) - 1):
+        a, b, c, e = (int(x) for x in (cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]))
+        first = (a + max(b - a - (e - c), 0) if causal else a) if e > c else b
+        if first < b:
+            yield first, b, slice(c, e)
+
+
+def _one_sequence(t):
+    """A sequence's rows (n, kv_heads, [group,] d) as SDPA's (1, heads, n, d)."""
+    return t.flatten(1, -2).transpose(0, 1)[None]
+
+
 def sdpa_varlen(Q, K, V, cu_q, cu_k, scale, causal=False):
     """O only, a packed batch by one SDPA (enable_gqa) per sequence, causal bottom-right
     (its boolean mask); Q (total_q, kv_heads, group, d), K, V (total_k, kv_heads, d). A
     query that sees no key gets zeros: only those that see one are run."""
     O = torch.zeros_like(Q)
-    group = Q.shape[2]
-    for s in range(len(cu_q) - 1):
-        a, b, c, e = (int(x) for x in (cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]))
-        first = (a + max(b - a - (e - c), 0) if causal else a) if e > c else b
-        if first == b:
-            continue
-        q = Q[first:b].flatten(1, 2).transpose(0, 1)[None]
-        k, v = (t[c:e].transpose(0, 1)[None] for t in (K, V))
+    for first, b, keys in _varlen_sequences(cu_q, cu_k, causal):
+        q, k, v = _one_sequence(Q[first:b]), _one_sequence(K[keys]), _one_sequence(V[keys])
         out = sdpa(q, k, v, scale, causal, True, k.shape[2] - q.shape[2])
-        O[first:b] = out[0].transpose(0, 1).reshape(b - first, -1, group, Q.shape[3])
+        O[first:b] = out[0].transpose(0, 1).reshape(O[first:b].shape)
     return O
+
+
+def sdpa_varlen_bwd(Q, K, V, cu_q, cu_k, O, dO, lse, scale, causal=False):
+    """dQ, dK, dV by autograd of one SDPA (enable_gqa) per sequence, which recomputes its
+    forward (O and lse unused); zeros for a query that sees no key and a key none sees."""
+    dQ, dK, dV = (torch.zeros_like(t) for t in (Q, K, V))
+    for first, b, keys in _varlen_sequences(cu_q, cu_k, causal):
+        q, k, v, do = (_one_sequence(t) for t in (Q[first:b], K[keys], V[keys], dO[first:b]))
+        _, dq, dk, dv = _attention_grads(q, k, v, do, scale, causal, True,
+                                         k.shape[2] - q.shape[2])
+        for grad, rows in ((dq, dQ[first:b]), (dk, dK[keys]), (dv, dV[keys])):
+            rows.copy_(grad[0].transpose(0, 1).reshape(rows.shape))
+    return dQ, dK, dV

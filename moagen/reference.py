@@ -266,15 +266,22 @@ def _sequences(cu_q, cu_k, causal):
             yield rows, keys, first
 
 
+def _varlen_scores(q, k, scale, causal):
+    """A sequence's scores (group heads, query heads, queries, keys) of the queries q that
+    see a key."""
+    scores = np.einsum("igrc,jgc->grij", q, k) * scale
+    if causal:  # query first + i at i + first + n_k - n_q = i + (n_k - len(q)) here
+        seen = np.tril(np.ones((len(q), len(k)), dtype=bool), len(k) - len(q))
+        scores = np.where(seen, scores, -np.inf)
+    return scores
+
+
 def attention_varlen_fwd_numpy(Q, K, V, cu_q, cu_k, scale, causal=False):
     """Each sequence's softmax by its own scores, written from the math."""
     O, lse = np.zeros(Q.shape), np.full(Q.shape[:-1], -np.inf)
     for rows, keys, first in _sequences(cu_q, cu_k, causal):
         q, k, v = Q[rows][first:], K[keys], V[keys]
-        scores = np.einsum("igrc,jgc->grij", q, k) * scale
-        if causal:  # query first + i at i + first + n_k - n_q = i + (n_k - len(q)) here
-            seen = np.tril(np.ones((len(q), len(k)), dtype=bool), len(k) - len(q))
-            scores = np.where(seen, scores, -np.inf)
+        scores = _varlen_scores(q, k, scale, causal)
         top = scores.max(axis=-1, keepdims=True)
         weights = np.exp(scores - top)
         total = weights.sum(axis=-1, keepdims=True)
@@ -300,3 +307,39 @@ def attention_varlen_fwd_torch(Q, K, V, cu_q, cu_k, scale, causal=False):
         lse[rows][first:] = torch.logsumexp(scores, dim=-1)[0].transpose(0, 1).reshape(
             -1, *Q.shape[1:3])
     return O.numpy(), lse.numpy()
+
+
+def attention_varlen_bwd_numpy(Q, K, V, cu_q, cu_k, O, dO, lse, scale, causal=False):
+    """Each sequence's gradients from its own probabilities, written from the math (O and
+    lse unused); dK and dV summed over each KV head's group. A query that sees no key, and
+    a key that no query sees, gets zeros."""
+    dQ, dK, dV = np.zeros(Q.shape), np.zeros(K.shape), np.zeros(V.shape)
+    for rows, keys, first in _sequences(cu_q, cu_k, causal):
+        q, k, v, do = Q[rows][first:], K[keys], V[keys], dO[rows][first:]
+        scores = _varlen_scores(q, k, scale, causal)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = weights / weights.sum(axis=-1, keepdims=True)
+        dprobs = np.einsum("igrc,jgc->grij", do, v)
+        dscores = probs * (dprobs - (dprobs * probs).sum(axis=-1, keepdims=True)) * scale
+        dQ[rows][first:] = np.einsum("grij,jgc->igrc", dscores, k)
+        dK[keys] = np.einsum("grij,igrc->jgc", dscores, q)
+        dV[keys] = np.einsum("grij,igrc->jgc", probs, do)
+    return dQ, dK, dV
+
+
+def attention_varlen_bwd_torch(Q, K, V, cu_q, cu_k, O, dO, lse, scale, causal=False):
+    """Autograd of SDPA (enable_gqa) on each sequence's queries that see a key (O and lse
+    unused)."""
+    import torch
+    from moagen.baselines import sdpa
+    grads = [np.zeros(a.shape) for a in (Q, K, V)]
+    for rows, keys, first in _sequences(cu_q, cu_k, causal):
+        leaves = [torch.from_numpy(a.copy()).requires_grad_()
+                  for a in (Q[rows][first:], K[keys], V[keys])]
+        q, k, v = (t.flatten(1, -2).transpose(0, 1)[None] for t in leaves)
+        out = sdpa(q, k, v, scale, causal, True, k.shape[2] - q.shape[2])
+        out.backward(torch.from_numpy(dO[rows][first:]).flatten(1, 2).transpose(0, 1)[None])
+        for grad, at, leaf in zip(grads, (slice(rows.start + first, rows.stop), keys, keys),
+                                  leaves):
+            grad[at] = leaf.grad.numpy()
+    return tuple(grads)

@@ -62,12 +62,12 @@ def make_inputs(sig, sizes, scalars, check, rng):
     arrays = {a.name: DRAWN[a.element](rng.standard_normal(tuple(int(dim.subs(env))
                                                                   for dim in a.shape)))
               for a in drawn}
-    if check.inputs:
-        arrays = check.inputs(arrays, scalars)
     if len(drawn) < len(sig.inputs):
         if check.integers is None:
             raise ValueError(f"{sig.name}: its integer inputs need its Check's `integers`")
         arrays.update(check.integers(sizes))
+    if check.inputs:  # with the offsets: a varlen backward's O and lse from its forward
+        arrays = check.inputs(arrays, scalars)
     return [np.ascontiguousarray(arrays[a.name], dtype=a.dtype(sig.dtype)) for a in sig.inputs]
 
 

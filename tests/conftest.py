@@ -1,6 +1,12 @@
 import os
 import types
 
+# OpenMP's threads sleep at a barrier instead of spinning: the workers share the cores with
+# each other and the compilers, where a spinning thread holds a core another process
+# needs (test_verify's small calls 2-3x slower). Read by libgomp when first loaded: before
+# the imports below, which may load torch's.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 import pytest
 import sympy
 

@@ -23,6 +23,7 @@ KERNELS = [("attention_fwd", "online"), ("attention_fwd_causal", "dnf"),
            ("attention_bwd", "atomic"), ("attention_fwdbwd", "atomic"),
            ("attention_fwdbwd", "owner"), ("attention_decode", "split"),
            ("attention_dropout_bwd_causal", "flash"), ("attention_varlen_fwd_causal", "dnf"),
+           ("attention_varlen_bwd_causal", "dnf"),
            ("kv_append", "dnf"), ("rmsnorm_fwd", "dnf"), ("rmsnorm_bwd", "dnf"),
            ("mlp_fwd", "tiled"), ("qkv_proj_bwd", "tiled"), ("block_fwd", "composed")]
 # A thread block per row or per slice of keys (GpuBlocks) runs blocks of 128 or 256 threads

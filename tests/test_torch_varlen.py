@@ -96,8 +96,9 @@ def test_one_call_is_one_kernel_call_for_the_batch(monkeypatch, causal, dtype, r
 
 
 def test_a_gradient_or_one_call_false_takes_a_call_per_sequence(monkeypatch):
-    """By default a gradient to take (no varlen backward kernel) runs each sequence by
-    moagen.torch.attention, its gradients SDPA's; one_call=False does so always."""
+    """By default a gradient to take (the one call's dnf backward against the per-sequence
+    flash ones unmeasured) runs each sequence by moagen.torch.attention, its gradients
+    SDPA's; one_call=False does so always."""
     names = []
     monkeypatch.setattr(varlen, "call", lambda name, *a, **k: names.append(name))
     q, k = _randn(5, 2, 3, dtype=torch.float64, seed=7), _randn(4, 2, 3, dtype=torch.float64,
@@ -110,10 +111,36 @@ def test_a_gradient_or_one_call_false_takes_a_call_per_sequence(monkeypatch):
     assert names == []
 
 
-def test_one_call_refuses_a_gradient():
-    q, k = torch.zeros(5, 2, 3, requires_grad=True), torch.zeros(4, 2, 3)
-    with pytest.raises(ValueError, match="one_call=True is forward only"):
-        mt.attention_varlen(q, k, k, [0, 5], [0, 4], one_call=True)
+@pytest.mark.parametrize("causal, dtype, rtol", [(False, torch.float64, 1e-12),
+                                                 (True, torch.float64, 1e-12),
+                                                 (True, torch.float32, 2e-5)])
+def test_one_call_gradient_is_one_backward_kernel_call(monkeypatch, causal, dtype, rtol):
+    """one_call=True with a gradient: attention_varlen_bwd once for the batch (before: a
+    ValueError, the forward only), its dQ, dK, dV those of the per-sequence path and of
+    SDPA over the block-diagonal mask; a sequence of no query, of no key, and causal's 9
+    queries over 5 keys (rows that see no key: zero gradients, no NaN)."""
+    calls = []
+
+    def counted(name, *args, **kwargs):
+        calls.append(name)
+        return native.call(name, *args, **kwargs)
+
+    monkeypatch.setattr(varlen, "call", counted)
+    q_lengths, k_lengths = zip(*LENGTHS)
+    q = _randn(sum(q_lengths), 4, 5, dtype=dtype, seed=1)
+    k, v = (_randn(sum(k_lengths), 2, 5, dtype=dtype, seed=s) for s in (2, 3))
+    offsets = _offsets(q_lengths), _offsets(k_lengths)
+    got = mt.attention_varlen(q, k, v, *offsets, causal=causal, one_call=True)
+    grad_out = torch.randn_like(got)
+    ours = torch.autograd.grad(got, (q, k, v), grad_out)
+    suffix = "_causal" if causal else ""
+    assert calls == ["attention_varlen_fwd" + suffix, "attention_varlen_bwd" + suffix]
+    per_sequence = mt.attention_varlen(q, k, v, *offsets, causal=causal)
+    sdpa = _sdpa_packed(q, k, v, q_lengths, k_lengths, causal)
+    for want in (per_sequence, sdpa):
+        for got_grad, want_grad in zip(ours, torch.autograd.grad(want, (q, k, v), grad_out)):
+            assert torch.isfinite(got_grad).all()
+            _close(got_grad, want_grad, rtol)
 
 
 def test_heads_must_be_grouped():

@@ -13,7 +13,6 @@ from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, element, lift, offsets
-from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output, Packed
 from moagen.onf.interpret import evaluate_dnf, run_onf
 from moagen.onf.loops import Loop, stmt_exprs, walk
@@ -62,6 +61,8 @@ def test_bad_offsets_are_refused_before_native_code(lang, change, message):
 
 @pytest.mark.parametrize("kernel, keys", [
     ("attention_varlen_fwd", "-cu_k(b) + cu_k(b + 1)"),
+    ("attention_varlen_bwd", "-cu_k(b) + cu_k(b + 1)"),
+    ("attention_varlen_bwd_causal", "-cu_k(b) + cu_k(b + 1)"),
     # causal: up to the row's last key seen, i + n_k - n_q (MaskedKeys)
     (KERNEL, "Min(-cu_k(b) + cu_k(b + 1), "
              "i - cu_k(b) + cu_k(b + 1) + cu_q(b) - cu_q(b + 1) + 1)")])
@@ -149,13 +150,11 @@ def test_only_integer_arrays_index_and_packed_outputs_name_their_offsets():
 
 def test_what_cannot_take_offsets_refuses_them_by_name():
     """An intermediate whose shape reads the offsets cannot be scratch (sized before the
-    call); moa.grad has no rule for packed outputs; the interpreter evaluates no offsets."""
+    call); the interpreter evaluates no offsets."""
     spec = varlen.spec(causal=True)
     with pytest.raises(SpecError, match=r"cannot materialize probs: its shape .* reads the "
                                         "values of cu_k, cu_q"):
         psi_reduce(spec, materialize={"probs"})
-    with pytest.raises(SpecError, match="outputs O, lse are packed"):
-        grad(spec)
     Q, K, V, cu_q, cu_k = _batch((2,), (3,))
     arrays = dict(Q=Q, K=K, V=V, cu_q=cu_q, cu_k=cu_k)
     with pytest.raises(SpecError, match="float and bool inputs only, not cu_q, cu_k"):

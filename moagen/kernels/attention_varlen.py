@@ -17,15 +17,21 @@ of a sequence of n_q queries and n_k keys sees keys j <= i + n_k - n_q. A query 
 no key (i < n_q - n_k causal; any query of a sequence with no keys) gets O = 0 and lse =
 -inf, as FlashAttention gives them; a sequence of no queries writes nothing.
 
-Variants: dnf (row by row; every target) and flash (attention's FlashAttention form: one
-pass over a row's keys in blocks, row tiles and register tiles; C and Fortran only). The
-flash steps take a sequence's loops, their extents read from the offsets: the running max
-starts at the floor and O is divided by max(l, 1) (OnlineSoftmax), the scores' scratch rows
-are the packed rows (moagen.onf.loops.scratch_row), K is read from panels whose tiles start
-at each sequence's first key (KeyTiles), and causal's row
-tiles stop at their last row's last key (CausalBlocks; a row may see none, the floored max
-keeping the skipped blocks no-ops). CUDA and OpenACC take dnf only: a grid over each
-sequence's query tiles needs the longest sequence as a size given at call time."""
+The backward (`attention_varlen_bwd`, `_causal`) is derived by moagen.moa.grad: dQ packed
+by cu_q, dK and dV by cu_k (summed over the group's query heads), read back O and lse as
+the forward stores them; a row that saw no key gets zero gradients (its lse -inf floored
+as the max was: P = 0).
+
+Variants: dnf (row by row; every target, forward and backward) and the forward's flash
+(attention's FlashAttention form: one pass over a row's keys in blocks, row tiles and
+register tiles; C and Fortran only). The flash steps take a sequence's loops, their extents
+read from the offsets: the running max starts at the floor and O is divided by max(l, 1)
+(OnlineSoftmax), the scores' scratch rows are the packed rows
+(moagen.onf.loops.scratch_row), K is read from panels whose tiles start at each sequence's
+first key (KeyTiles), and causal's row tiles stop at their last row's last key
+(CausalBlocks; a row may see none, the floored max keeping the skipped blocks no-ops). CUDA
+and OpenACC take dnf only: a grid over each sequence's query tiles needs the longest
+sequence as a size given at call time."""
 import numpy as np
 
 from moagen import reference
@@ -34,11 +40,14 @@ from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers
 from moagen.moa.expr import (Scalar, array, drop, element, exp, inner, iota, lift, log,
-                             maximum, named, offsets, omega, outer, psi, reduce, sym, take,
-                             transpose, where)
+                             maximum, named, offsets, omega, outer, reduce, sym, transpose,
+                             where)
+from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output, Packed
 from moagen.steps.algebra.maskedkeys import MaskedKeys
+from moagen.steps.loop.accumulate import Accumulate
 from moagen.steps.loop.gpu_blocks import GpuBlocks
+from moagen.steps.loop.hoist import Hoist
 from moagen.steps.loop.parallel import Parallel
 
 Q = array("Q", "total_q", "kv_heads", "group", "d")
@@ -51,13 +60,8 @@ CU_K = offsets("cu_k", "batch", "total_k")
 SEQUENCE = "b"  # the index of a sequence of the batch
 HEADS = (SEQUENCE, "g", "r")
 ROWS = HEADS + ("i",)
-
-
-def _rows(array_, offsets_, head):
-    """Sequence b's rows of one head of a packed array: `head` its index after the rows."""
-    first = element(offsets_, SEQUENCE)
-    heads = transpose(array_, tuple(range(1, len(array_.shape) - 1)) + (0, len(array_.shape) - 1))
-    return take(_extent(offsets_), drop(first, psi(head, heads)))
+KV_HEADS = (SEQUENCE, "g")  # the backward's dK and dV: a KV head's, summed over its group
+KEY_ROWS = KV_HEADS + ("j",)
 
 
 def _extent(offsets_):
@@ -91,18 +95,31 @@ def _head(q, k, v, mask):
 
 def spec(causal: bool) -> KernelSpec:
     n_q, n_k = _extent(CU_Q), _extent(CU_K)
-    o, lse = _head(_rows(Q, CU_Q, ("g", "r")), _rows(K, CU_K, ("g",)), _rows(V, CU_K, ("g",)),
+    queries, keys = Packed(SEQUENCE, "i", CU_Q), Packed(SEQUENCE, "j", CU_K)
+    o, lse = _head(queries.read(Q, ("g", "r")), keys.read(K, ("g",)), keys.read(V, ("g",)),
                    _seen_mask(n_q, n_k) if causal else None)
     extents = ("batch", "kv_heads", "group")
-    packed = Packed(SEQUENCE, "i", CU_Q)
+    packed = queries
     return KernelSpec(
         name=name(causal), inputs=(Q, K, V, CU_Q, CU_K), scalars=("scale",),
         outputs=(Output("O", lift(HEADS, extents, o), ROWS + ("c",), packed),
                  Output("lse", lift(HEADS, extents, lse), ROWS, packed)))
 
 
-def name(causal: bool) -> str:
-    return f"attention_varlen_fwd{'_causal' if causal else ''}"
+def name(causal: bool, backward=False) -> str:
+    return f"attention_varlen_{'bwd' if backward else 'fwd'}{'_causal' if causal else ''}"
+
+
+def backward_spec(causal: bool) -> KernelSpec:
+    """The vector-Jacobian product of the forward, by moagen.moa.grad: dO given for O, O and
+    lse saved; dQ packed by cu_q, dK and dV by cu_k (summed over the group's query heads).
+    A row that saw no key (lse -inf) gets P = 0 (the lse floored as the forward's max), so
+    no gradient and no NaN."""
+    keys = KEY_ROWS + ("c",)
+    return grad(spec(causal), name=name(causal, backward=True),
+                wrt={"Q": ROWS + ("c",), "K": keys, "V": keys}, cotangents=("O",),
+                order=("Q", "K", "V", "cu_q", "cu_k", "O", "dO", "lse"),
+                labels={"probs": "P", "dscores": "dS"})
 
 
 # dnf: row by row, a sequence's rows' O and lse in one nest, its heads in parallel (on a GPU
@@ -127,8 +144,26 @@ def _flash(causal):
     return attention.flash_variant(causal, loops=ROWS, heads=HEADS, kinds=("cpu",))
 
 
-KERNELS = [(spec(causal), {"dnf": (frozenset(), _forward(causal)), "flash": _flash(causal)})
-           for causal in (False, True)]
+# the backward's dnf: dQ's rows owned by a sequence's query heads, dK's and dV's by its KV
+# heads (each summing its group's query heads, then their rows: no two threads write one
+# row, no atomics); delta (one number a query row) recomputed where used, as a temporary
+# could not be sized before the call (its rows are the offsets' values); on a GPU a thread
+# block a (sequence, head), its threads sharing the rows
+def _backward():
+    per_key = tuple(step for nest in ("dK", "dV") for step in (
+        Accumulate("c", over="r", nest=nest), Accumulate("c", over="i", nest=nest)))
+    return Layers(
+        algorithm=(Accumulate("c", over="j", nest="dQ"), *per_key, Hoist()),
+        mapping={"cpu": (Parallel(HEADS, nest="dQ"), Parallel(KV_HEADS, nest="dK"),
+                         Parallel(KV_HEADS, nest="dV")),
+                 "cuda": (GpuBlocks(HEADS, nest="dQ", block=ROW_THREADS, across="i"),
+                          *(GpuBlocks(KV_HEADS, nest=nest, block=ROW_THREADS, across="j")
+                            for nest in ("dK", "dV")))})
+
+
+KERNELS = [kernel for causal in (False, True) for kernel in (
+    (spec(causal), {"dnf": (frozenset(), _forward(causal)), "flash": _flash(causal)}),
+    (backward_spec(causal), {"dnf": (frozenset(), _backward())}))]
 
 
 def _sizes(q_lens, k_lens, kv_heads=1, group=1, d=3):
@@ -157,6 +192,15 @@ CHECK_SIZES = (_sizes((1, 7, 257, 0), (7, 1, 257, 0)),
 BENCH_SIZES = Bench(lambda n: dict(_sizes([n // 4] * 4, [n // 4, n // 2, 3 * n // 4, n],
                                           kv_heads=2, group=4, d=64), n=n),
                     quick=(512,), full=(1024, 4096))
+def _forward_of(causal):
+    """The backward's O and lse from the numpy forward on its Q, K, V and offsets."""
+    def consistent(arrays, scalars):
+        O, lse = reference.attention_varlen_fwd_numpy(
+            *(arrays[a] for a in ("Q", "K", "V", "cu_q", "cu_k")), causal=causal, **scalars)
+        return dict(arrays, O=O, lse=lse)
+    return consistent
+
+
 CHECKS, BENCH = {}, {}
 for causal in (False, True):
     CHECKS[name(causal)] = Check(references(reference.attention_varlen_fwd_numpy,
@@ -166,3 +210,11 @@ for causal in (False, True):
         "sdpa_varlen", "O by one F.scaled_dot_product_attention(enable_gqa=True) per sequence, "
                        "causal bottom-right by its boolean mask; no lse", outputs=(0,),
         causal=causal)
+    BENCH[name(causal, backward=True)] = BENCH_SIZES.measured_against(
+        "sdpa_varlen_bwd", "dQ, dK, dV by autograd of one F.scaled_dot_product_attention("
+                           "enable_gqa=True) per sequence, the forward recomputed (O, lse "
+                           "unused)", causal=causal)
+    CHECKS[name(causal, backward=True)] = Check(
+        references(reference.attention_varlen_bwd_numpy, reference.attention_varlen_bwd_torch,
+                   causal=causal), CHECK_SIZES, softmax_scale, inputs=_forward_of(causal),
+        integers=packed_offsets)

@@ -12,12 +12,15 @@ kind:
     index access <v> psi A   ->  the adjoint of A at <v>: the body's cotangent, lifted over v;
                                  lift axes A is not indexed by are summed (a weight's
                                  gradient is a sum over rows)
+    Packed.read (its rows)   ->  as an index access, the gradient an output packed by the
+                                 same offsets (a varlen batch's dQ by cu_q)
     A +.x B                  ->  dA = G +.x B^T,  dB = A^T +.x G
     +/ along the last axis   ->  G, spread along that axis (a "cell", below)
     omega(op, A, r)          ->  dA as elementwise; dr = the sum of G (x A) over the lifted axes
     exp, log, rsqrt, sigmoid ->  G times the derivative, from the node's own value
     where(cond, A, B)        ->  dA = where(cond, G, 0), dB = where(cond, 0, G)
-    softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P)
+    softmax (stable)         ->  dS = P * omega(-, G, delta), delta = rowsum(G * P); also
+                                 guarded (rewrites.stable_softmax: rows that see no key)
 
 A cotangent may be a *cell*: an expression of a prefix of the node's shape that stands for
 its broadcast over the trailing axes (the cotangent of a row sum is one number a row);
@@ -44,7 +47,7 @@ from moagen.moa import expr as E
 from moagen.moa import rewrites as R
 from moagen.moa.rewrites import stable_softmax
 from moagen.moa.shape import shape_of
-from moagen.moa.spec import KernelSpec, Output
+from moagen.moa.spec import KernelSpec, Output, Packed, PackedRead, packed_read
 
 
 @dataclass(frozen=True)
@@ -74,16 +77,13 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
     outputs it reads, the cotangents); those it does not read are left out.
     labels: new names for Named intermediates (probs -> P), as a variant refers to them."""
     spec.validate()
-    packed = [o.name for o in spec.outputs if o.packed]
-    if packed:  # its cotangents and gradients would be packed too: no rule for them yet
-        raise SpecError(f"grad: {spec.name}'s outputs {', '.join(packed)} are packed (varlen); "
-                        "their derivative is not derived yet")
     wrt, cotangents, lift = _checked(spec, wrt, cotangents)
     chosen = R.NAMES if rewrites is None else tuple(rewrites)
     unknown = set(chosen) - set(R.NAMES)
     if unknown:
         raise SpecError(f"grad: no rewrite {sorted(unknown)}; the rewrites: {', '.join(R.NAMES)}")
-    shapes = spec.output_shapes()
+    shapes = {o.name: _stored_shape(o, shape) for o, shape in
+              zip(spec.outputs, spec.output_shapes().values())}
     saved = {o.name: E.Array(o.name, shapes[o.name]) for o in spec.outputs}
     given = {c.name: E.Array("d" + c.name, shapes[c.name]) for c in cotangents}
 
@@ -98,11 +98,17 @@ def derive(spec: KernelSpec, wrt=None, cotangents: Optional[Sequence[str]] = Non
                         cotangents=cells)
     steps = tuple((n, step) for n, step in R.STEPS if n in chosen)
     applied, results = {}, []
+    inputs = {a.name: a for a in spec.inputs}
     for w, index in wrt.items():
-        value, counts = R.rewrite(_gather(w, leaves, lift), steps, context)
+        gathered, packed_by = _gather(w, leaves, lift)
+        value, counts = R.rewrite(gathered, steps, context)
         for step, count in counts.items():
             applied[step] = applied.get(step, 0) + count
-        results.append(Output("d" + w, value, index))
+        packed = None
+        if packed_by:  # stored as the input is read: its rows the axis after the lift's kept
+            kept, by = packed_by
+            packed = Packed(by.var, index[len(kept)], inputs[by.offsets])
+        results.append(Output("d" + w, value, index, packed))
     if "scale into named" in chosen:
         values, moved = R.scale_into_named([o.value for o in results])
         results = [replace(o, value=v) for o, v in zip(results, values)]
@@ -146,8 +152,13 @@ def _checked(spec, wrt, cotangents):
 
 
 def _inputs(results, candidates, order, forward):
-    """The candidates the results read, in `order` if given."""
-    used = {n.name for o in results for n in E.walk(o.value) if isinstance(n, E.Array)}
+    """The candidates the results read (an array, or an integer array's entries in an index
+    expression: a packed result's offsets), in `order` if given."""
+    used = {o.packed.offsets.name for o in results if o.packed}
+    for node in (n for o in results for n in E.walk(o.value)):
+        if isinstance(node, E.Array):
+            used.add(node.name)
+        used |= {a for i in _indices(node) for a in E.elements_read(i)}
     inputs = [a for a in candidates if a.name in used]
     if order is not None:
         missing = [a.name for a in inputs if a.name not in order]
@@ -155,6 +166,15 @@ def _inputs(results, candidates, order, forward):
             raise SpecError(f"grad {forward}: order leaves out the inputs {missing}")
         inputs.sort(key=lambda a: list(order).index(a.name))
     return tuple(inputs)
+
+
+def _indices(node):
+    """The index expressions a node holds (a psi's index, a take's or drop's count)."""
+    if isinstance(node, E.Psi):
+        return node.index
+    if isinstance(node, (E.Take, E.Drop)):
+        return (node.count,)
+    return ()
 
 
 @dataclass(frozen=True)
@@ -194,9 +214,24 @@ def _lifted_index(output: Output) -> Tuple[str, ...]:
 def _cell(output: Output, array: E.Array, lift: _Lift) -> E.Expr:
     """One body's cell of `array`, laid out as the output is written (the output saved, its
     cotangent): indexed by the lift variables, through the inverse of the output's
-    transpose."""
+    transpose; a packed output's, its sequence's rows of the body's head (Packed.read)."""
     _, perm = _written(output)
+    if output.packed:
+        packed = output.packed
+        if perm is not None or packed.var not in lift.vars or \
+                _lifted_index(output)[len(lift.vars)] != packed.rows:
+            raise SpecError(f"grad: the packed output {output.name} must be written as lifted, "
+                            f"over the sequences {packed.var} among other lift variables, its "
+                            f"rows {packed.rows} the axis after them (index {output.index})")
+        return packed.read(array, tuple(v for v in lift.vars if v != packed.var))
     return E.psi(lift.vars, array if perm is None else E.Transpose(_inverse(perm), array))
+
+
+def _stored_shape(output: Output, shape) -> E.Shape:
+    """The shape of the array an output is stored in (a packed one's rows axis the total)."""
+    if output.packed is None:
+        return shape
+    return output.packed.stored(tuple(E.sym(n) for n in output.index), shape)[1]
 
 
 def _wrt_index(spec, wrt) -> Dict[str, Tuple[str, ...]]:
@@ -276,7 +311,7 @@ class _Adjoints:
         if isinstance(node, (E.Const, E.Scalar, E.Dim, E.Iota, E.Dropout)) or \
                 (isinstance(node, E.Psi) and isinstance(node.array, E.Dropout)):
             return []  # no input below them: constants
-        if isinstance(node, (E.Array, E.Psi)):
+        if isinstance(node, (E.Array, E.Psi)) or packed_read(node):
             self._leaf(node, g)
             return []
         if isinstance(node, E.Named):
@@ -344,8 +379,19 @@ class _Adjoints:
     def _leaf(self, node, g):
         """An input's adjoint at this body: keyed by the input, the lift variables that
         index it and the permutation it is read through (an input read transposed, e.g. a
-        weight's per-head slice W[:, h, :], is indexed in its transposed layout)."""
-        if isinstance(node, E.Psi):
+        weight's per-head slice W[:, h, :], is indexed in its transposed layout), or how it
+        is read packed (its sequence's rows: its gradient is packed as it)."""
+        rows = packed_read(node)
+        if rows:
+            names = tuple(v for v in self.lift.vars if v == rows.var or v in rows.heads)
+            if rows.var not in self.lift.vars or \
+                    tuple(v for v in names if v != rows.var) != rows.heads:
+                raise SpecError(f"grad: {E.describe(node)}: a packed read of {rows.array.name} "
+                                f"has an adjoint rule only over the sequences {rows.var} and "
+                                f"heads {rows.heads} among the lift variables {self.lift.vars}, "
+                                "in their order")
+            key = (rows.array.name, names, rows)
+        elif isinstance(node, E.Psi):
             array, perm = node.array, None
             if isinstance(array, E.Transpose) and isinstance(array.array, E.Array):
                 array, perm = array.array, array.perm
@@ -434,7 +480,7 @@ class _Adjoints:
     def _softmax(self, probs, parts, g):
         """P = softmax(s) along the last axis: dS = P * omega(-, G, delta), delta = the row
         sums of G * P (a Named row statistic, one number a row)."""
-        scores, _ = parts
+        scores = parts.scores
         shape = shape_of(probs)
         g = C.full(g, shape, probs)
         rows = probs.index[:len(shape) - 1] if isinstance(probs, E.Named) else ("i",)
@@ -478,20 +524,27 @@ def _child_names(node, names):
 def _gather(name, leaves, lift: _Lift):
     """The gradient of input `name`: each body adjoint lifted over the lift axes, summed over
     the axes its access does not index by (the rows a weight is shared by), and put back in
-    the input's layout where it was read transposed."""
-    parts = []
-    for (leaf, index, perm), body in leaves.items():
+    the input's layout where it was read transposed; with, where it was read packed, (the
+    lift variables kept, the PackedRead), else None."""
+    parts, packings = [], set()
+    for (leaf, index, layout), body in leaves.items():
         if leaf != name:
             continue
         value = _lifted(body, index, lift)
-        parts.append(value if perm is None else E.Transpose(_inverse(perm), value))
+        packed = isinstance(layout, PackedRead)
+        packings.add((index, layout) if packed else None)
+        parts.append(value if layout is None or packed
+                     else E.Transpose(_inverse(layout), value))
     if not parts:
         raise SpecError(f"grad: the outputs given cotangents do not depend on {name} (its "
                         "gradient is zero): leave it out of wrt")
+    if len(packings) > 1:
+        raise SpecError(f"grad: {name} is read both packed and not, or packed by different "
+                        "sequences or heads: its gradient has no one layout")
     total = parts[0]
     for p in parts[1:]:
         total = total + p
-    return total
+    return total, packings.pop()
 
 
 def _lifted(body, index, lift: _Lift):

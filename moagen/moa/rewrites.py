@@ -7,7 +7,8 @@ the equality from the forward spec itself; `rewrite` reports how often each step
                           then costs one product a row element
     softmax from lse      omega(/, w, +/ w), w = exp(s - max/ s), with the forward's
                           lse = max/ s + log(+/ w) saved, is exp(s - lse): each probability
-                          recomputed from its score, no row max or row sum, nothing n x n
+                          recomputed from its score, no row max or row sum, nothing n x n;
+                          guarded (stable_softmax), exp(s - max(lse, floor))
     delta from output     +/ (dP * P) with dP = dO +.x V^T, and the forward's O = P +.x V
                           saved, is +/ (dO * O): sum_j P_ij sum_c dO_ic V_jc
                           = sum_c dO_ic sum_j P_ij V_jc; a row of d, not of n. The same
@@ -24,7 +25,7 @@ temporary with two axes of one size (n x n), or a reduction recomputed per term 
 over the same extent (n^3 work), is what these forms exist to avoid.
 """
 from dataclasses import dataclass, fields, replace
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from moagen.moa import expr as E
 from moagen.moa.shape import shape_of
@@ -53,14 +54,17 @@ def kept_statistic(node, context):
 
 def softmax_from_lse(node, context):
     """The stable softmax of s, where a forward output is its max + log(row sum): exp(s - lse)."""
-    parts = stable_softmax(node)
-    if parts is None:
+    softmax = stable_softmax(node)
+    if softmax is None:
         return None
-    scores, top = parts
-    lse = E.BinOp("+", top, E.log(node.cell))
+    lse = E.BinOp("+", softmax.top, E.log(softmax.total))
     for out, (body, _) in context.saved.items():
         if body == lse:
-            return E.exp(E.omega("-", scores, context.read(out)))
+            # guarded, a row that saw no key has lse -inf: floored as the max was, its
+            # weights are exp(-inf - floor) = 0; a row that saw one has lse above the floor
+            read = context.read(out)
+            shift = read if softmax.floor is None else E.maximum(read, softmax.floor)
+            return E.exp(E.omega("-", softmax.scores, shift))
     return None
 
 
@@ -120,22 +124,48 @@ def masked_zeros(node, context):
     return None
 
 
-def stable_softmax(node):
-    """(scores, row max) if node is the stable softmax omega(/, w, +/ w) along the last axis,
-    w = exp(omega(-, scores, max/ scores)); else None."""
+@dataclass(frozen=True)
+class Softmax:
+    """The parts of a stable softmax omega(/, w, +/ w), w = exp(omega(-, scores, top)):
+    top the row max, or max(row max, floor) where the softmax is guarded (below)."""
+    scores: E.Expr
+    top: E.Expr
+    total: E.Expr  # the row sum +/ w
+    floor: Optional[E.Const] = None  # the guarded form's least row max
+
+
+def stable_softmax(node) -> Optional[Softmax]:
+    """The parts of node where it is the stable softmax along the last axis, w =
+    exp(omega(-, scores, max/ scores)) over +/ w; else None. Or its guarded form (a packed
+    batch's, moagen.kernels.attention_varlen), whose rows may see no key: the row max
+    floored, max(max/ scores, floor), and the sum clamped, max(+/ w, 1), so that a row whose
+    scores are all -inf gets weights 0, not NaN. For a row with a finite score the floor
+    (below it) and the clamp (its max's term is 1) change nothing: the same softmax."""
     if not (isinstance(node, E.Omega) and node.op == "/"):
         return None
-    w, total = node.array, node.cell
+    w, total = node.array, _floored(node.cell, 1.0)
+    guarded = total is not node.cell
     if not (isinstance(total, E.Reduce) and total.op == "+" and total.array == w
             and isinstance(w, E.Map) and w.fn == "exp"
             and isinstance(w.arg, E.Omega) and w.arg.op == "-"):
         return None
     scores, top = w.arg.array, w.arg.cell
+    row_max = _floored(top, None)
+    if guarded != (row_max is not top):
+        return None  # a clamp without the floor, or a floor without the clamp
     rank = len(shape_of(scores))
-    if not (isinstance(top, E.Reduce) and top.op == "max" and top.array == scores
-            and top.axis % rank == rank - 1 and total.axis % rank == rank - 1):
+    if not (isinstance(row_max, E.Reduce) and row_max.op == "max" and row_max.array == scores
+            and row_max.axis % rank == rank - 1 and total.axis % rank == rank - 1):
         return None
-    return scores, top
+    return Softmax(scores, top, total, top.right if guarded else None)
+
+
+def _floored(node, bound):
+    """x where node is max(x, c), c a constant (`bound` if given), else node."""
+    if isinstance(node, E.BinOp) and node.op == "max" and isinstance(node.right, E.Const) \
+            and (bound is None or node.right.value == bound):
+        return node.left
+    return node
 
 
 def _unnamed(node):

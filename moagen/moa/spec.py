@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from moagen.errors import SpecError
 from moagen.moa import expr as E
@@ -39,6 +40,52 @@ class Packed:
         rest = [k for k in range(len(index)) if k not in (s, r)]
         at = (E.element(self.offsets, index[s]) + index[r],) + tuple(index[k] for k in rest)
         return at, (self.offsets.offsets_into,) + tuple(shape[k] for k in rest)
+
+
+    def read(self, array: E.Array, heads) -> E.Expr:
+        """Sequence var's rows of head `heads` (index names) of a packed array laid out as
+        `stored` lays an output, rows first and the heads next: the rows offsets(var) ..
+        offsets(var + 1) - 1 of array[:, heads, ...]; the inverse of `stored`, by which a
+        packed input is read and a packed output's saved value or cotangent read back."""
+        first = E.element(self.offsets, self.var)
+        extent = E.element(self.offsets, E.sym(self.var) + 1) - first
+        rank = len(array.shape)
+        heads_last = E.transpose(array, tuple(range(1, len(heads) + 1)) + (0,) +
+                                 tuple(range(len(heads) + 1, rank)))
+        return E.take(extent, E.drop(first, E.psi(heads, heads_last)))
+
+
+@dataclass(frozen=True)
+class PackedRead:
+    """A node that is `Packed.read`: array's rows of sequence var (its first row
+    offsets(var), offsets the name of the integer array) at head `heads`."""
+    array: E.Array
+    offsets: str
+    var: str
+    heads: Tuple[str, ...]
+
+
+def packed_read(node: E.Expr) -> Optional[PackedRead]:
+    """What `node` reads where it is a Packed.read, else None."""
+    if not (isinstance(node, E.Take) and isinstance(node.array, E.Drop)
+            and node.axis == 0 and node.array.axis == 0):
+        return None
+    first, psi = node.array.count, node.array.array
+    if not (isinstance(first, AppliedUndef) and len(first.args) == 1
+            and isinstance(first.args[0], sympy.Symbol)):
+        return None
+    var = first.args[0]
+    if sympy.simplify(node.count - (first.func(var + 1) - first)) != 0:
+        return None
+    if not (isinstance(psi, E.Psi) and isinstance(psi.array, E.Transpose)
+            and isinstance(psi.array.array, E.Array)
+            and all(isinstance(i, sympy.Symbol) for i in psi.index)):
+        return None
+    h, rank = len(psi.index), len(psi.array.perm)
+    if psi.array.perm != tuple(range(1, h + 1)) + (0,) + tuple(range(h + 1, rank)):
+        return None
+    return PackedRead(psi.array.array, first.func.__name__, var.name,
+                      tuple(i.name for i in psi.index))
 
 
 @dataclass(frozen=True)
