@@ -72,14 +72,16 @@ def test_packed_sequences_are_sdpas_under_the_block_diagonal_mask(causal, dtype,
 @pytest.mark.parametrize("causal, dtype, rtol", [(False, torch.float64, 1e-12),
                                                  (True, torch.float64, 1e-12),
                                                  (True, torch.float32, 2e-5)])
-def test_one_call_is_one_kernel_call_for_the_batch(monkeypatch, causal, dtype, rtol):
-    """one_call=True under no_grad: attention_varlen_fwd once, the offsets passed to it, the
-    same values as SDPA's over the block-diagonal mask (rows that see no key its zeros)."""
+@pytest.mark.parametrize("one_call", [True, None])
+def test_one_call_is_one_kernel_call_for_the_batch(monkeypatch, causal, dtype, rtol, one_call):
+    """one_call=True, or by default, under no_grad: attention_varlen_fwd's flash once, the
+    offsets passed to it, the same values as SDPA's over the block-diagonal mask (rows that
+    see no key its zeros)."""
     calls = []
 
-    def counted(name, *args, **kwargs):
-        calls.append(name)
-        return native.call(name, *args, **kwargs)
+    def counted(name, variant, *args, **kwargs):
+        calls.append((name, variant))
+        return native.call(name, variant, *args, **kwargs)
 
     monkeypatch.setattr(varlen, "call", counted)
     q_lengths, k_lengths = zip(*LENGTHS)
@@ -87,10 +89,26 @@ def test_one_call_is_one_kernel_call_for_the_batch(monkeypatch, causal, dtype, r
     k, v = (_randn(sum(k_lengths), 2, 5, dtype=dtype, seed=s) for s in (2, 3))
     with torch.no_grad():
         got = mt.attention_varlen(q, k, v, _offsets(q_lengths), _offsets(k_lengths),
-                                  causal=causal, one_call=True)
+                                  causal=causal, one_call=one_call)
         want = _sdpa_packed(q, k, v, q_lengths, k_lengths, causal)
-    assert calls == ["attention_varlen_fwd" + ("_causal" if causal else "")]
+    assert calls == [("attention_varlen_fwd" + ("_causal" if causal else ""), "flash")]
     _close(got, want, rtol)
+
+
+def test_a_gradient_or_one_call_false_takes_a_call_per_sequence(monkeypatch):
+    """By default a gradient to take (the one call's dnf backward against the per-sequence
+    flash ones unmeasured) runs each sequence by moagen.torch.attention, its gradients
+    SDPA's; one_call=False does so always."""
+    names = []
+    monkeypatch.setattr(varlen, "call", lambda name, *a, **k: names.append(name))
+    q, k = _randn(5, 2, 3, dtype=torch.float64, seed=7), _randn(4, 2, 3, dtype=torch.float64,
+                                                                  seed=8)
+    q.requires_grad_(True)
+    mt.attention_varlen(q, k, k, [0, 2, 5], [0, 1, 4]).sum().backward()
+    assert q.grad is not None and names == []
+    with torch.no_grad():
+        mt.attention_varlen(q, k, k, [0, 2, 5], [0, 1, 4], one_call=False)
+    assert names == []
 
 
 @pytest.mark.parametrize("causal, dtype, rtol", [(False, torch.float64, 1e-12),

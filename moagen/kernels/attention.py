@@ -163,14 +163,16 @@ FLASH_CUDA_DTYPES = {"float64": {"queries": 32}}
 
 
 def flash(rows, lanes, block, causal, loops=ROWS, then=(), unseen=False, queries=None,
-          tf32=None):
+          tf32=None, heads=None):
     """The online pass over blocks of `block` keys in FlashAttention's form (flash_tiles);
     loops: the query rows' (the query row last); then: steps the CPU's schedule takes after
     the tiles' (a kernel's own); unseen: a block may hold none of a row's keys (an added
-    mask's, OnlineSoftmax's unseen). On a GPU (gpu_flash), causal or not and over any query
-    loops, a thread block per `queries` query rows, each thread `rows` of them by `lanes`
-    keys or columns."""
-    parallel = loops[:-1] + (tiled("i", rows),)
+    mask's, OnlineSoftmax's unseen); heads: the loops the CPU's threads share where not
+    also the row tiles (None: loops but the last, then the row tiles; attention_varlen's
+    rows, of an extent read from the offsets, cannot join a collapsed parallel nest). On a
+    GPU (gpu_flash), causal or not and over any query loops, a thread block per `queries`
+    query rows, each thread `rows` of them by `lanes` keys or columns."""
+    parallel = heads or loops[:-1] + (tiled("i", rows),)
     return Layers(algorithm=row_pass(loops) + (OnlineSoftmax("rows", block=block,
                                                              unseen=unseen),),
                   schedule={"cpu": (LowerReductions(),
@@ -277,16 +279,18 @@ def variants(causal: bool):
     }
 
 
-def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False, tensor=False) -> Tunable:
+def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False, tensor=False, heads=None,
+                  kinds=tuple(KINDS)) -> Tunable:
     """The flash variant over the query rows `loops` (the query row last), with its CPU,
-    GPU, float32 and AVX-512 defaults; then, unseen: flash's. tensor: the scores' product
-    on CUDA tensor cores (gpu_flash's tf32: 0 float64, 3 float32), a thread's tile the
-    warps' (rows and lanes taken from the block's)."""
+    GPU, float32 and AVX-512 defaults; then, unseen, heads: flash's. tensor: the scores'
+    product on CUDA tensor cores (gpu_flash's tf32: 0 float64, 3 float32), a thread's tile
+    the warps' (rows and lanes taken from the block's). kinds: the target kinds it runs on
+    (tensor: CUDA's)."""
     # causal: key blocks of 32 on tensor cores (its two key-block loops' tiles at 64 ask
     # 225,280 bytes a float64 block at d 128, over sm_80's 166,912; at 32, 147,456)
     tf32 = {"tf32": 0, **({"block": 32} if causal else {})} if tensor else {}
     return Tunable(frozenset(), partial(flash, causal=causal, loops=loops, then=then,
-                                        unseen=unseen),
+                                        unseen=unseen, heads=heads),
                    defaults=FLASH_DEFAULTS,
                    space={"rows": (4, 6, 8, 12), "lanes": (8, 16, 32), "block": (64, 128, 256)},
                    # a thread's register tile on block tiles (gpu_flash), the causal and
@@ -296,7 +300,7 @@ def flash_variant(causal: bool, loops=ROWS, then=(), unseen=False, tensor=False)
                                 for d in ("float64", "float32")} if tensor
                    else FLASH_CUDA_DTYPES,
                    dtypes=FLASH_DTYPES, avx512=FLASH_AVX512,
-                   kinds=TENSOR_KINDS if tensor else tuple(KINDS))
+                   kinds=TENSOR_KINDS if tensor else kinds)
 
 
 KERNELS = [(spec(False), variants(False)), (spec(True), variants(True))]

@@ -22,11 +22,20 @@ by cu_q, dK and dV by cu_k (summed over the group's query heads), read back O an
 the forward stores them; a row that saw no key gets zero gradients (its lse -inf floored
 as the max was: P = 0).
 
-Only the dnf variant (row by row): the others' steps (tiling, blocks of keys) take loops of
-sizes, not of extents read from an array."""
+Variants: dnf (row by row; every target, forward and backward) and the forward's flash
+(attention's FlashAttention form: one pass over a row's keys in blocks, row tiles and
+register tiles; C and Fortran only). The flash steps take a sequence's loops, their extents
+read from the offsets: the running max starts at the floor and O is divided by max(l, 1)
+(OnlineSoftmax), the scores' scratch rows are the packed rows
+(moagen.onf.loops.scratch_row), K is read from panels whose tiles start at each sequence's
+first key (KeyTiles), and causal's row tiles stop at their last row's last key
+(CausalBlocks; a row may see none, the floored max keeping the skipped blocks no-ops). CUDA
+and OpenACC take dnf only: a grid over each sequence's query tiles needs the longest
+sequence as a size given at call time."""
 import numpy as np
 
 from moagen import reference
+from moagen.kernels import attention
 from moagen.kernels.attention import row_pass, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers
@@ -128,6 +137,13 @@ def _forward(causal):
                                               across="i"),)})
 
 
+# flash: attention's FlashAttention form (moagen.kernels.attention.flash) over a sequence's
+# rows, the CPU's threads sharing its heads (its rows' extent read from cu_q); causal, a row
+# tile's key blocks stop at its last row's last key seen (CausalBlocks). CPU only
+def _flash(causal):
+    return attention.flash_variant(causal, loops=ROWS, heads=HEADS, kinds=("cpu",))
+
+
 # the backward's dnf: dQ's rows owned by a sequence's query heads, dK's and dV's by its KV
 # heads (each summing its group's query heads, then their rows: no two threads write one
 # row, no atomics); delta (one number a query row) recomputed where used, as a temporary
@@ -146,7 +162,7 @@ def _backward():
 
 
 KERNELS = [kernel for causal in (False, True) for kernel in (
-    (spec(causal), {"dnf": (frozenset(), _forward(causal))}),
+    (spec(causal), {"dnf": (frozenset(), _forward(causal)), "flash": _flash(causal)}),
     (backward_spec(causal), {"dnf": (frozenset(), _backward())}))]
 
 

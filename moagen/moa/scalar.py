@@ -5,6 +5,7 @@ the ONF's statements compute. Index arithmetic is sympy; everything else is a no
 it becomes `Load` with a flat offset. `Local` is a scalar the ONF introduced (a hoisted
 value or an accumulator).
 """
+import math
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Tuple
@@ -259,6 +260,16 @@ def kept_by(e: ScalarExpr):
     if (isinstance(e, IfGreater) and isinstance(e.left, (Access, Load)) and e.right == Num(0.0)
             and e.other == Num(float("-inf"))):
         return e.left
+    return None
+
+
+def floored(e: ScalarExpr):
+    """(x, c) where e is max(x, c) or max(c, x), c a finite number (e never below c, never
+    -inf: attention_varlen's row max floored at -1e30, its sum clamped at 1); else None."""
+    if isinstance(e, Bin) and e.op == "max":
+        for x, c in ((e.left, e.right), (e.right, e.left)):
+            if isinstance(c, Num) and math.isfinite(c.value):
+                return x, c.value
     return None
 
 

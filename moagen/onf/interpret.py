@@ -30,7 +30,7 @@ UNARY = {
     "rsqrt": lambda x: 1.0 / math.sqrt(x),
     "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)),
     "neg": lambda x: -x,
-    "log": math.log,
+    "log": lambda x: -math.inf if x == 0 else math.log(x),  # as C's: a row of no key's lse
 }
 BINARY = {
     "+": lambda a, b: a + b,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Tuple, Union
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
@@ -423,25 +424,69 @@ def enclose(loops, body):
     return tuple(body)
 
 
-def scratch_row(who, hint, loops, keys, block, names, temps) -> str:
+def scratch_row(who, hint, loops, keys, block, names, temps, offsets=None):
     """A new scratch array with a row per iteration of `loops` for one block of the loop
-    `keys` (a block of keys' scores), added to temps; its name. A row holds min(keys' stop,
-    block) values: a short sequence's rows take only its keys, and their stride is then a
-    value the C compiler does not know. Knowing it (B), gcc 12 takes a register tile's reads
-    of several rows for one group and reads each value it broadcasts by loading a vector
-    from its row and broadcasting the first lane: a vector-unit instruction more per
-    broadcast and loads across cache lines (docs/PERFORMANCE.md, "The flash forward's tiles").
-    The loops must run from 0 to bounds that do not depend on each other, and keys' stop on
-    none of them."""
-    size = sympy.Min(keys.stop, block)
+    `keys` (a block of keys' scores), added to temps; (its name, the row's index). A row
+    holds min(keys' stop, block) values: a short sequence's rows take only its keys, and
+    their stride is then a value the C compiler does not know. Knowing it (B), gcc 12 takes
+    a register tile's reads of several rows for one group and reads each value it
+    broadcasts by loading a vector from its row and broadcasting the first lane: a
+    vector-unit instruction more per broadcast and loads across cache lines
+    (docs/PERFORMANCE.md, "The flash forward's tiles"). The loops must run from 0 to bounds
+    that do not depend on each other, and keys' stop on none of them, but where a bound is
+    a sequence's extent read from the kernel's `offsets` (offsets_of): its rows are then
+    the packed rows (packed_rows), and keys' stop bounded by the rows the offsets cut."""
+    row, extents = packed_rows(loops, offsets or {})
     outer = {x.var for x in loops}
-    if any(lp.start != 0 or lp.stop.free_symbols & outer for lp in loops) or \
+    bounded = sequence_extent(keys.stop, offsets or {})
+    size = sympy.Min(bounded[1] if bounded else keys.stop, block)
+    if any(lp.start != 0 for lp in loops) or any(e.free_symbols & outer for e in extents) or \
             size.free_symbols & outer:
         raise ScheduleError(f"{who}: the loops around the keys are not rectangular from 0: no "
                             "scratch row per iteration to keep a block's values in")
     name = names.claim(names.new(hint))
-    temps.append(Buffer(name, tuple(lp.stop for lp in loops) + (size,)))
-    return name
+    temps.append(Buffer(name, extents + (size,)))
+    return name, row
+
+
+def offsets_of(onf) -> dict:
+    """The kernel's offsets inputs (moa.expr.offsets): name -> the extent they cut."""
+    return {b.name: b.offsets_into for b in onf.inputs if b.offsets_into is not None}
+
+
+def sequence_extent(stop, offsets):
+    """(cu(v), into) where stop is cu(v + 1) - cu(v), sequence v's extent read from offsets
+    cu (of `offsets`, offsets_of's) that cut `into` rows; else None."""
+    for first in sympy.sympify(stop).atoms(AppliedUndef):
+        cu, args = first.func, first.args
+        if cu.__name__ in offsets and len(args) == 1 and isinstance(args[0], sympy.Symbol) \
+                and sympy.expand(stop - cu(args[0] + 1) + first) == 0:
+            return first, offsets[cu.__name__]
+    return None
+
+
+def bounded_extents(e, offsets):
+    """e with each sequence extent in it (sequence_extent) replaced by the rows its offsets
+    cut, a bound on it (the most iterations a sequence's loop runs)."""
+    if not offsets:
+        return e
+    return sympy.sympify(e).replace(
+        lambda x: isinstance(x, sympy.Add) and sequence_extent(x, offsets) is not None,
+        lambda x: sequence_extent(x, offsets)[1])
+
+
+def packed_rows(loops, offsets):
+    """(the index, the extents) of a row per iteration of `loops`: each loop's variable over
+    its stop, but for a loop i over sequence v's rows (sequence_extent), v among the loops,
+    neither: the row cu(v) + i of the rows the offsets cut, in i's place (where a packed
+    array holds it: every sequence's rows, each once)."""
+    found = {lp.var: sequence_extent(lp.stop, offsets) for lp in loops}
+    packed = {var: extent for var, extent in found.items()
+              if extent and extent[0].args[0] in found}
+    sequences = {first.args[0] for first, _ in packed.values()}
+    kept = [lp for lp in loops if lp.var not in sequences]
+    return (tuple(packed[lp.var][0] + lp.var if lp.var in packed else lp.var for lp in kept),
+            tuple(packed[lp.var][1] if lp.var in packed else lp.stop for lp in kept))
 
 
 def rewrite_loops(stmts, selects, rewrite, scope=frozenset()):

@@ -10,17 +10,19 @@ are never visited. Causal is bottom-right within each sequence, as FlashAttentio
 of a sequence of n_q queries and n keys sees keys j <= i + n - n_q; a query that sees no key
 (a sequence with more queries than keys, or with no key) gets zeros and no gradient.
 
-one_call=True: the batch is one call of attention_varlen_fwd (`_causal`;
+One call (one_call True; None, the default, where no gradient is to be taken, on the CPU):
+the batch is one call of attention_varlen_fwd (`_causal`;
 moagen.kernels.attention_varlen), the offsets passed to it as int64 arrays, each sequence's
-loops reading their bounds from them; its gradient one call of attention_varlen_bwd
-(`_causal`), which reads the saved O and lse (dQ packed as q, dK and dV as k, summed over
-each KV head's query heads). Not the default: that kernel has only its dnf variant (three
-passes over a row's keys, a thread a sequence's head), faster than the per-sequence flash
-kernels only for many short sequences (8 of 16 rows: 0.4-0.6x their time), 2.4-6x slower
-for sequences of hundreds of rows (docs/journal/2026-12-07-varlen-kernel.md). Tensors
-PyTorch traces (torch.compile's fake tensors) and an empty batch take the per-sequence
-path: the batch's kernel is called directly, not as an operator, and takes sizes of at
-least 1."""
+loops reading their bounds from them; its flash variant on the CPU (0.09-0.65x the
+per-sequence calls' time at 8 x 16 to 1024 + 64 rows with two threads; with one, 0.23-0.31x
+at 8 x 16, 1.0-1.56x at 1024 + 64: docs/journal/2026-12-08-varlen-flash.md), its dnf on a
+GPU; its gradient one call of attention_varlen_bwd (`_causal`, dnf), which reads the saved O
+and lse (dQ packed as q, dK and dV as k, summed over each KV head's query heads). By default
+a gradient to take (the dnf backward against the per-sequence flash ones unmeasured) and
+CUDA tensors (the one call there unmeasured) take the per-sequence path, as do tensors
+PyTorch traces (torch.compile's fake tensors) and an empty batch: the batch's kernel is
+called directly, not as an operator, and takes sizes of at least 1. one_call=False: always
+per sequence."""
 import math
 from typing import Optional, Sequence, Union
 
@@ -60,8 +62,11 @@ def _check(op, q, k, v, lang):
 
 
 def _one_call(q, k, v, one_call):
-    """Whether the batch is one call of the varlen kernels: asked for, plain tensors with
-    rows to attend."""
+    """Whether the batch is one call of the varlen kernels: asked for (True), or by default
+    (None) on the CPU with no gradient to take; plain tensors with rows to attend."""
+    if one_call is None:
+        gradient = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        one_call = not gradient and q.device.type == "cpu"
     plain = all(type(t) is Tensor for t in (q, k, v))
     return one_call and plain and q.shape[0] > 0 and k.shape[0] > 0
 
@@ -78,7 +83,8 @@ class _Packed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, causal, scale, lang):
-        out, lse = call(causal_name("attention_varlen_fwd", causal), "dnf", lang,
+        variant = "flash" if q.device.type == "cpu" else "dnf"  # flash: CPU only
+        out, lse = call(causal_name("attention_varlen_fwd", causal), variant, lang,
                         (q, _grouped(q, k)), k, v, cu_q, cu_k, scale=scale,
                         out_shapes=(q.shape, None))
         ctx.save_for_backward(q, k, v, cu_q, cu_k, out, lse)
@@ -112,7 +118,7 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
                      cu_seqlens_q: Union[Tensor, Sequence[int]],
                      cu_seqlens_k: Union[Tensor, Sequence[int]], *,
                      causal: bool = False, scale: Optional[float] = None,
-                     lang: str = "c", one_call: bool = False) -> Tensor:
+                     lang: str = "c", one_call: Optional[bool] = None) -> Tensor:
     """softmax(scale q k^T) v within each packed sequence, as FlashAttention's
     flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, ..., causal=causal) computes
     it (its max_seqlen arguments are not needed here): q (total_q, heads, d), k and v
@@ -120,8 +126,9 @@ def attention_varlen(q: Tensor, k: Tensor, v: Tensor,
     and cu_seqlens_k the batch's cumulative offsets, as many of each (batch + 1), from 0 to
     total_q and total_k. causal: bottom-right within each sequence. Returns (total_q, heads,
     d), differentiable in q, k and v. scale 1/sqrt(d) unless given; lang as attention's.
-    one_call: the batch by one kernel call, its gradient by another (see the module's
-    docstring)."""
+    one_call: the batch by one kernel call and its gradient by another (True), per sequence
+    (False), or the first where no gradient is to be taken on the CPU (None; see the
+    module's docstring)."""
     op = "moagen.torch.attention_varlen"
     if not isinstance(causal, bool):
         raise ValueError(f"{op}: causal must be True (bottom-right within each sequence, as "

@@ -21,7 +21,11 @@ first offset keys): r is then the query row's position, and the blocks are bound
 tile's last position. The argument above needs every row to see key 0, r >= 0: checked as r
 being a sum of loop variables (from 0) and sizes (never negative: the kernels' ABI refuses
 a negative size) with non-negative coefficients. Positions may pass the last key (offset >
-n - n_q): the unmasked blocks of a shifted row stop at the loop's own end too.
+n - n_q): the unmasked blocks of a shifted row stop at the loop's own end too. Where the
+running max is floored (starts at a finite number before the blocks: attention_varlen's), r
+may be negative (bottom-right with more queries than keys): a block of masked scores leaves
+a finite running max as it was and adds exp(-inf - m) = 0, so it is a no-op for a row that
+sees no key too; such a tile visits no block (the bounds clamped at 0).
 
 The diagonal blocks select where the block's scores are read, not where they are stored:
 
@@ -44,9 +48,10 @@ barrier inside; the diagonal blocks select by value as above.
 
 Checked: the loop over blocks holds the online softmax's block max (a max accumulated over
 the block's scores), and every score it stores is masked as `r >= j` with r free of the
-keys and r >= 0 (above); the blocks are B keys from B * j_blk; in a diagonal block every read of a masked
+keys and r >= 0 or the running max floored (above); the blocks are B keys from B * j_blk; in a diagonal block every read of a masked
 score's element before the element is stored again is at the index the score was stored at.
 """
+import math
 from dataclasses import dataclass, replace
 
 import sympy
@@ -54,7 +59,7 @@ import sympy
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import divides, idiv
-from moagen.onf.loops import (Loop, Store, Update, ancestors, map_stmt_exprs, max_extent,
+from moagen.onf.loops import (Let, Loop, Store, Update, ancestors, map_stmt_exprs, max_extent,
                               rewrite_loops, walk)
 from moagen.steps.step import NotApplicable, Step, hidden, option
 
@@ -93,16 +98,22 @@ class CausalBlocks(Step):
             raise ScheduleError(f"{self}: the loop over {self.blocks} is not the online "
                                 f"softmax's loop over blocks of {self.keys} (a block max)")
         size = block_size(blocks, keys, self)
+        floored = floored_running_max(blocks, within)
         rows = []
         for key in keys:
             for s in walk(key.body):
                 if isinstance(s, Store) and isinstance(s.value, S.Select):
-                    rows.append(self._row(s.value, key.var))
+                    rows.append(self._row(s.value, key.var, floored))
         if not rows:
             raise ScheduleError(f"{self}: no score in the loop over {self.blocks} is masked: "
                                 "nothing to skip")
         low, high = self._range(rows, blocks, within)
-        first, last = quotient(low + 1, size), sympy.Min(blocks.stop, quotient(high, size) + 1)
+        if nonnegative(low):
+            first, last = quotient(low + 1, size), quotient(high, size) + 1
+        else:  # a floored row may see no key (low, high < 0): no block unmasked, none visited
+            first = quotient(at_least_zero(low + 1), size)
+            last = quotient(at_least_zero(high + size), size)
+        last = sympy.Min(blocks.stop, last)
         # an unshifted row is a query row, below n: (min_r + 1) // B <= the block count; a
         # shifted one (a size in it) may pass the last key
         loops = {lp.var for lp in ancestors(within, blocks)}
@@ -117,17 +128,35 @@ class CausalBlocks(Step):
             return sympy.Min(*rows), sympy.Max(*rows)
         return tile_rows_range(rows, blocks, within, self.rows, self)
 
-    def _row(self, select, key):
-        """r of a score masked as `r >= key ? s : -inf`."""
+    def _row(self, select, key, floored):
+        """r of a score masked as `r >= key ? s : -inf`; r >= 0 unless the running max is
+        floored (floored_running_max)."""
         pair = mask_sides(select.cond) if select.other == MASKED else None
         if not (pair and pair[1] == key and key not in pair[0].free_symbols):
             raise ScheduleError(f"{self}: a score is masked by {select.cond}, not as a row >= "
                                 "the key: blocks past the rows cannot be told apart")
-        if not nonnegative(pair[0]):
+        if not floored and not nonnegative(pair[0]):
             raise ScheduleError(f"{self}: a score is masked as {pair[0]} >= {key}, and "
                                 f"{pair[0]} is not known to be >= 0: a row might see no key, "
-                                "and a skipped block would then not be a no-op")
+                                "and a skipped block would then not be a no-op (its running "
+                                "max is not floored)")
         return pair[0]
+
+
+def floored_running_max(blocks: Loop, within) -> bool:
+    """Whether every running max the loop over blocks moves (new max = max(m, block max))
+    starts, just before the loop, at a finite number (OnlineSoftmax's floored max: never
+    -inf, so that a block of masked scores is a no-op even for a row that sees no key)."""
+    around = ancestors(within, blocks)
+    siblings = around[-1].body if around else within
+    before = siblings[:next(k for k, s in enumerate(siblings) if s is blocks)]
+    starts = {s.name: s.value for s in before if isinstance(s, Let)}
+    moved = [s.value for s in walk(blocks.body) if isinstance(s, Let)
+             and isinstance(s.value, S.Bin) and s.value.op == "max"
+             and isinstance(s.value.left, S.Local) and s.value.left.name in starts]
+    return bool(moved) and all(
+        isinstance(starts[m.left.name], S.Num) and math.isfinite(starts[m.left.name].value)
+        for m in moved)
 
 
 def nonnegative(e) -> bool:

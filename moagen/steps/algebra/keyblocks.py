@@ -90,7 +90,8 @@ class KeyBlocks(Step):
         def kept(step, later):
             """The locals step declares that the later steps read, each with a scratch row."""
             read = names_read(later)
-            return {s.name: scratch_row(self, f"{s.name}_block", loops, loop, size, names, temps)
+            return {s.name: scratch_row(self, f"{s.name}_block", loops, loop, size, names,
+                                        temps)[0]
                     for s in step if isinstance(s, Let) and s.name in read}
 
         from_sums, from_lets = kept(sums, lets + adds), kept(lets, adds)

@@ -17,7 +17,11 @@ KeyTiles(nest, j, f), the scores S = Q K^T:
     for j in [f (e // f), e): the loop as it was           (the block's last keys)
 
 with K_panel[.., t, c, v] = K[.., f t + v, c], copied once by a nest before (K transposed
-in panels of f keys) for each array the sums read; g's reads (an added mask's M[.., i, j])
+in panels of f keys) for each array the sums read; K read at a packed sequence's keys,
+cu_k(b) + j (cu_k offsets), from panels whose tiles start at each sequence's first key,
+sequence b's tile t at cu_k(b) // f + b + t (tiles from 0 would not line up with it; the
+sequences' keys after their last whole tile are read in place, as the keys after a block's
+last tile are); g's reads (an added mask's M[.., i, j])
 are one load a key, in place, and where g adds one (P[.., j] = h(q) + M[.., i, j]) it is
 added after the tile's stores (P[.., j] = h(q) for every row and lane, then P[.., j] +=
 M[.., i, j]): the stores then read the accumulators alone, which the compiler keeps a
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field, replace
 from typing import Tuple
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
@@ -131,40 +136,93 @@ class _InnerLoops(Step):
         """The nest it creates that copies `array` into panels."""
         return nest_role(self.nest, f"pack_{array}")
 
-    def _panel(self, access, k, at, tile, work):
+    def _panel(self, access, k, at, tile, work, first=sympy.Integer(0)):
         """The read of `access` from its panel (made on first use): the array with its axis k
         (a loop variable v, or lanes*tile + v) cut into tiles of `lanes`, the tile's axis at
         position `at` of the other axes (the key axis for KeyTiles, before the keys for
-        ColumnTiles), the lane last."""
+        ColumnTiles), the lane last. first: where axis k is read at first + v, a packed
+        sequence's first row cu(b) (sequence_first): the panel's tiles then start at each
+        sequence's first row, sequence b's tile t at cu(b) // lanes + b + t (sequence_pack)."""
         f = self.lanes
+        sequence = sequence_first(first, work.onf)
+        layout = (k, at, sequence[0].__name__ if sequence else None)
         if access.array not in work.packs:
-            work.packs[access.array] = self._pack(access.array, k, at, work) + ((k, at),)
-        elif work.packs[access.array][2] != (k, at):
+            made = sequence_pack(self, access.array, k, at, work, sequence) if sequence \
+                else plain_pack(self, access.array, k, at, work)
+            work.packs[access.array] = made + (layout,)
+        elif work.packs[access.array][2] != layout:
             raise ScheduleError(f"{self}: {access.array} is read with its axes in two orders: "
                                 "one panel cannot serve both")
         rest = access.index[:k] + access.index[k + 1:]
-        index = rest[:at] + (tile,) + rest[at:] + (sympy.expand(access.index[k] - f * tile),)
+        start = idiv(first, f) + first.args[0] + tile if sequence else tile
+        index = rest[:at] + (start,) + rest[at:] + (sympy.expand(access.index[k] - first - f * tile),)
         return S.Access(work.packs[access.array][0].name, index)
 
-    def _pack(self, array, k, at, work):
-        """(the panel buffer, the nest body copying `array` into it), parallel over the
-        loops down to the tiles."""
-        buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
-        shape = next(b.shape for b in buffers if b.name == array)
-        f, names = self.lanes, work.names
-        rest = shape[:k] + shape[k + 1:]
-        panel = Buffer(names.claim(names.new(f"{array}_panel")),
-                       rest[:at] + (idiv(shape[k], f),) + rest[at:] + (sympy.Integer(f),))
-        axes = [sympy.Symbol(names.claim(names.new(f"a{p}")), integer=True)
-                for p in range(len(shape))]
-        lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
-        others = axes[:at] + axes[at + 1:]  # the panel's axes but the tile's, in its order
-        source = others[:k] + [f * axes[at] + lane] + others[k:]
-        copy = (Loop(lane, sympy.Integer(0), sympy.Integer(f),
-                     (Store(panel.name, tuple(axes) + (lane,), S.Access(array, tuple(source))),)),)
-        for p in reversed(range(len(shape))):
-            copy = (Loop(axes[p], sympy.Integer(0), panel.shape[p], copy),)
-        return panel, (replace(copy[0], parallel=at + 1),)
+
+def sequence_first(first, onf):
+    """(cu, its count, the rows it cuts) where first is cu(v), an entry of the kernel's
+    offsets cu at a variable (a packed sequence's first row); else None."""
+    if not (isinstance(first, AppliedUndef) and len(first.args) == 1
+            and isinstance(first.args[0], sympy.Symbol)):
+        return None
+    offsets = next((b for b in onf.inputs if b.name == first.func.__name__
+                    and b.offsets_into is not None), None)
+    return (first.func, offsets.shape[0] - 1, offsets.offsets_into) if offsets else None
+
+
+def _axes(names, count):
+    return [sympy.Symbol(names.claim(names.new(f"a{p}")), integer=True) for p in range(count)]
+
+
+def _nested(loops, body):
+    """body inside the loops (var, start, stop), the first outermost."""
+    for var, start, stop in reversed(loops):
+        body = (Loop(var, sympy.sympify(start), sympy.sympify(stop), body),)
+    return body
+
+
+def plain_pack(step, array, k, at, work):
+    """(the panel buffer, the nest body copying `array` into it), parallel over the loops
+    down to the tiles."""
+    buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
+    shape = next(b.shape for b in buffers if b.name == array)
+    f, names = step.lanes, work.names
+    rest = shape[:k] + shape[k + 1:]
+    panel = Buffer(names.claim(names.new(f"{array}_panel")),
+                   rest[:at] + (idiv(shape[k], f),) + rest[at:] + (sympy.Integer(f),))
+    axes = _axes(names, len(shape))
+    lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
+    others = axes[:at] + axes[at + 1:]  # the panel's axes but the tile's, in its order
+    source = others[:k] + [f * axes[at] + lane] + others[k:]
+    copy = _nested([(a, 0, n) for a, n in zip(axes, panel.shape)] + [(lane, 0, f)],
+                   (Store(panel.name, tuple(axes) + (lane,), S.Access(array, tuple(source))),))
+    return panel, (replace(copy[0], parallel=at + 1),)
+
+
+def sequence_pack(step, array, k, at, work, sequence):
+    """plain_pack's for an axis the offsets cu cut into sequences (sequence: sequence_first's
+    (cu, count, into)): each sequence s's whole
+    tiles of `lanes` rows from its first row cu(s), tile t at cu(s) // lanes + s + t (the
+    tiles of one sequence after those of the ones before it: cu(s + 1) // lanes + s + 1 is
+    past cu(s) // lanes + s + (cu(s + 1) - cu(s)) // lanes); its rows after them are read in
+    place. Parallel over the sequences."""
+    buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
+    shape = next(b.shape for b in buffers if b.name == array)
+    f, names = step.lanes, work.names
+    rest = shape[:k] + shape[k + 1:]
+    cu, count, into = sequence
+    panel = Buffer(names.claim(names.new(f"{array}_panel")),
+                   rest[:at] + (idiv(into, f) + count,) + rest[at:] + (sympy.Integer(f),))
+    seq, tile = (sympy.Symbol(names.claim(names.new(role)), integer=True)
+                 for role in ("seq", "seq_tile"))
+    axes = _axes(names, len(rest))
+    lane = sympy.Symbol(names.claim(names.new("lane")), integer=True)
+    source = axes[:k] + [cu(seq) + f * tile + lane] + axes[k:]
+    target = axes[:at] + [idiv(cu(seq), f) + seq + tile] + axes[at:]
+    copy = _nested([(seq, 0, count), (tile, 0, idiv(cu(seq + 1) - cu(seq), f))]
+                   + [(a, 0, n) for a, n in zip(axes, rest)] + [(lane, 0, f)],
+                   (Store(panel.name, tuple(target) + (lane,), S.Access(array, tuple(source))),))
+    return panel, (replace(copy[0], parallel=1),)
 
 
 @dataclass(frozen=True)
@@ -204,10 +262,12 @@ class KeyTiles(_InnerLoops):
                                  if isinstance(e, S.Access) and loop.var in _symbols(e.index))
         for access in operands:
             at = [k for k, i in enumerate(access.index) if loop.var in _symbols((i,))]
-            if len(at) != 1 or access.index[at[0]] != loop.var:
+            first = sympy.expand(access.index[at[0]] - loop.var) if len(at) == 1 else None
+            if first is None or not (first == 0 or sequence_first(first, work.onf)):
                 raise ScheduleError(f"{self}: {access.array} is read at {access.index}: a panel "
-                                    f"needs {loop.var} alone at one position")
-            panel = self._panel(access, at[0], at[0], tile, work)
+                                    f"needs {loop.var} alone at one position, or plus a "
+                                    "sequence's first row (an entry of offsets)")
+            panel = self._panel(access, at[0], at[0], tile, work, first)
             body = tuple(map_stmt_exprs(s, lambda e: S.replace_node(e, access, panel))
                          for s in body)
         body = _reads_applied_last(self, body)

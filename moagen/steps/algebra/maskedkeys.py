@@ -19,7 +19,6 @@ sum skips zeros, and so does the loop whose every use of p is a term p * g of a 
 Refused (NotApplicable): a nest with no such pass. A pass whose exponential subtracts a
 local that is not floored, or whose p is used otherwise, is left as it is.
 """
-import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -37,19 +36,13 @@ class MaskedKeys(Step):
 
     def rewrite_nest(self, nest, names):
         floored = frozenset(s.name for s in walk(nest.body)
-                            if isinstance(s, Let) and _is_floored(s.value))
+                            if isinstance(s, Let) and S.floored(s.value))
         cut = []
         body = _block(nest.body, floored, cut)
         if not cut:
             raise NotApplicable(f"{self}: nest {nest.label} has no pass over keys a causal "
                                 "mask hides")
         return body
-
-
-def _is_floored(e):
-    """max(m, c), c a finite number: never -inf."""
-    return (isinstance(e, S.Bin) and e.op == "max"
-            and any(isinstance(x, S.Num) and math.isfinite(x.value) for x in (e.left, e.right)))
 
 
 def _block(stmts, floored, cut):

@@ -36,10 +36,17 @@ loop's inner loops), the block's row takes it once per key after its sum,
 P[row, k] = P[row, k] * D(row, j), and the loop reads P alone: the factor drawn once per
 key, not again for every column of X, the same products.
 
+A floored max and a clamped sum (attention_varlen's, so that a row that sees no key gets
+O = 0 and lse = -inf): m = max(max_j f(j), c), c a finite number, and the loop dividing by
+u = max(l, c') in l's place. The running max then starts at c (max(c, max_j f) taken in the
+same pass, exactly), so a key of score -inf has weight exp(-inf - m') = 0, never NaN, and X
+is divided by u, let after the loop; a row that sees no key ends with m = c, l = 0, X = 0.
+
 Preconditions, checked: the same f in all three (up to bound names); every use of m and l
-inside the loop is that exact quotient; every store inside accumulates a sum.
+(and u) inside the loop is that exact quotient; every store inside accumulates a sum.
 """
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import sympy
 
@@ -47,7 +54,7 @@ from moagen.errors import ScheduleError
 from moagen.moa import scalar as S
 from moagen.moa.expr import idiv
 from moagen.onf.loops import (Let, Loop, ONF, Store, Update, enclose, loop_vars, map_stmt_exprs,
-                              scratch_row, stmt_exprs, walk)
+                              offsets_of, scratch_row, stmt_exprs, walk)
 from moagen.onf.names import claim_loop, kernel_names, loop_role
 from moagen.steps.step import Step, flag, option
 
@@ -67,21 +74,22 @@ class OnlineSoftmax(Step):
                                 "at a time has no such form")
         names = kernel_names(onf)
         found, temps = [], []
-        nests = [replace(n, body=self._block(n.body, names, found, temps, ()))
+        offsets = offsets_of(onf)
+        nests = [replace(n, body=self._block(n.body, names, found, temps, (), offsets))
                  if n.label == self.nest else n for n in onf.nests]
         if not found:
             raise ScheduleError(f"{self}: nest {self.nest} has no max, sum of exponentials and "
                                 f"loop over the same index to fuse")
         return replace(onf.with_nests(nests, str(self)), temps=onf.temps + tuple(temps))
 
-    def _block(self, stmts, names, found, temps, loops):
-        stmts = [replace(s, body=self._block(s.body, names, found, temps, loops + (s,)))
+    def _block(self, stmts, names, found, temps, loops, offsets):
+        stmts = [replace(s, body=self._block(s.body, names, found, temps, loops + (s,), offsets))
                  if isinstance(s, Loop) else s for s in stmts]
         for pos, s in enumerate(stmts):
             match = _match(stmts, pos)
             if match:
                 found.append(s)
-                return tuple(_rewrite(stmts, match, names, self, loops, temps))
+                return tuple(_rewrite(stmts, match, names, self, loops, temps, offsets))
         return tuple(stmts)
 
 
@@ -89,11 +97,32 @@ def _is_reduction_let(s, op):
     return isinstance(s, Let) and isinstance(s.value, S.Reduction) and s.value.op == op
 
 
-def _match(stmts, pos):
-    """(index of m, index of l, index of the loop, f with the loop's variable) or None."""
-    if not _is_reduction_let(stmts[pos], "max"):
+def _row_max(s):
+    """(the max reduction, its floor or None) where s is let m = max_j f(j), or m floored,
+    max(max_j f(j), c) with c a finite number; else None."""
+    if not isinstance(s, Let):
         return None
-    m = stmts[pos]
+    value, floor = S.floored(s.value) or (s.value, None)
+    if isinstance(value, S.Reduction) and value.op == "max":
+        return value, floor
+    return None
+
+
+def _clamp(stmts, start, stop, l):
+    """The index of `let u = max(l, c)` (c a finite number) in stmts[start:stop]; else None."""
+    for pos in range(start, stop):
+        s = stmts[pos]
+        if isinstance(s, Let) and (S.floored(s.value) or (None,))[0] == S.Local(l):
+            return pos
+    return None
+
+
+def _match(stmts, pos):
+    """A Match of the max at stmts[pos], its sum and the loop over the same index; or None."""
+    found = _row_max(stmts[pos])
+    if not found:
+        return None
+    m, (row_max, floor) = stmts[pos], found
     for lpos in range(pos + 1, len(stmts)):
         l = stmts[lpos]
         if not _is_reduction_let(l, "+"):
@@ -103,45 +132,66 @@ def _match(stmts, pos):
                 and body.arg.op == "-" and body.arg.right == S.Local(m.name)):
             continue
         if S.alpha_key(S.Reduction("max", l.value.var, l.value.extent, body.arg.left, "")) != \
-                S.alpha_key(replace(m.value, name="")):
+                S.alpha_key(replace(row_max, name="")):
             continue
         for jpos in range(lpos + 1, len(stmts)):
             loop = stmts[jpos]
-            if (isinstance(loop, Loop) and loop.start == 0 and loop.stop == m.value.extent
+            if (isinstance(loop, Loop) and loop.start == 0 and loop.stop == row_max.extent
                     and any(m.name in S.free_names(e) for s in walk(loop.body)
                             for e in stmt_exprs(s))):
-                f = S.subs(m.value.body, {m.value.var: loop.var})
-                return pos, lpos, jpos, f
+                f = S.subs(row_max.body, {row_max.var: loop.var})
+                return Match(pos, lpos, jpos, f, floor, _clamp(stmts, lpos + 1, jpos, l.name))
     return None
 
 
-def _rewrite(stmts, match, names, transform, loops, temps):
-    mpos, lpos, jpos, f = match
-    m, l, loop = stmts[mpos].name, stmts[lpos].name, stmts[jpos]
-    between = [s for k, s in enumerate(stmts[mpos + 1:jpos], mpos + 1) if k != lpos]
-    if any({m, l} & S.free_names(e) for s in walk(between) for e in stmt_exprs(s)):
+@dataclass(frozen=True)
+class Match:
+    """Where the three passes are in a block: m's let (floored at `floor`, or None), l's,
+    the loop's, f with the loop's variable, and the let u = max(l, c) the loop divides by
+    in l's place (None: it divides by l)."""
+    max: int
+    sum: int
+    loop: int
+    f: S.ScalarExpr
+    floor: Optional[float]
+    clamp: Optional[int]
+
+
+def _rewrite(stmts, match, names, transform, loops, temps, offsets):
+    m, l, loop = stmts[match.max].name, stmts[match.sum].name, stmts[match.loop]
+    clamp = stmts[match.clamp] if match.clamp is not None else None
+    divisor = clamp.name if clamp else l
+    row = {m, l, divisor}
+    between = [s for k, s in enumerate(stmts[match.max + 1:match.loop], match.max + 1)
+               if k not in (match.sum, match.clamp)]
+    if any(row & S.free_names(e) for s in walk(between) for e in stmt_exprs(s)):
         raise ScheduleError(f"{transform}: the row max or sum is used before the fused loop")
-    quotient = S.alpha_key(S.Bin("/", S.Un("exp", S.Bin("-", f, S.Local(m))), S.Local(l)))
+    quotient = S.alpha_key(S.Bin("/", S.Un("exp", S.Bin("-", match.f, S.Local(m))),
+                                 S.Local(divisor)))
 
     def probability_is(p):
-        """The loop's body with every exp(f - m) / l replaced by p."""
+        """The loop's body with every exp(f - m) / l (or / u) replaced by p."""
         def swap(e):
             return p if S.alpha_key(e) == quotient else S.map_children(e, swap)
         body = _propagate_copies([map_stmt_exprs(s, swap) for s in loop.body])
-        if any({m, l} & S.free_names(e) for s in walk(body) for e in stmt_exprs(s)):
+        if any(row & S.free_names(e) for s in walk(body) for e in stmt_exprs(s)):
             raise ScheduleError(f"{transform}: the loop uses the row max or sum other than in "
                                 "exp(f - max) / sum")
         return body
 
     online = _per_key if transform.block == 1 else _per_block
-    fused, stores = online(transform, loop, f, m, l, probability_is, names, loops, temps)
+    fused, stores = online(transform, loop, match.f, m, l, probability_is, names, loops, temps,
+                           offsets)
     normalize = [enclose(lps, (replace(store, value=S.Bin("/", S.Access(store.array, store.index),
-                                                          S.Local(l)), accumulate=None),))[0]
+                                                          S.Local(divisor)), accumulate=None),))[0]
                  for store, lps in stores]
     out = list(stmts)
-    out[mpos] = Let(m, S.Num(float("-inf")))
-    out[lpos] = Let(l, S.Num(0.0))
-    out[jpos:jpos + 1] = fused + normalize
+    # a floored max: the running max starts at its floor, max(c, max_j f) in one pass
+    out[match.max] = Let(m, S.Num(float("-inf") if match.floor is None else match.floor))
+    out[match.sum] = Let(l, S.Num(0.0))
+    out[match.loop:match.loop + 1] = fused + ([clamp] if clamp else []) + normalize
+    if clamp:
+        del out[match.clamp]  # before the loop: the indices past it stand
     return out
 
 
@@ -151,7 +201,7 @@ def _fresh(names, roles):
     return fresh
 
 
-def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
+def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps, offsets):
     """([the loop, one key at a time], the stores it rescales with their loops)."""
     roles = ("score", "new_max", "exp_gap", "rescale", "p")
     fresh = _fresh(names, roles)
@@ -168,10 +218,10 @@ def _per_key(transform, loop, f, m, l, probability_is, names, loops, temps):
     return [replace(loop, body=tuple(head + body + [Update(m, "=", new_max)]))], stores
 
 
-def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps):
+def _per_block(transform, loop, f, m, l, probability_is, names, loops, temps, offsets):
     """([the loop over blocks of keys], the stores it rescales with their loops)."""
-    size, j, row = transform.block, loop.var, tuple(lp.var for lp in loops)
-    probs = scratch_row(transform, "probs", loops, loop, size, names, temps)
+    size, j = transform.block, loop.var
+    probs, row = scratch_row(transform, "probs", loops, loop, size, names, temps, offsets)
     scope = {lp.var.name for lp in loops} | loop_vars((loop,))
     block = claim_loop(names, loop_role(j.name, "blk"), scope, transform)
     first = size * block

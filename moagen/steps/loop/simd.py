@@ -32,7 +32,8 @@ import sympy
 
 from moagen.moa import scalar as S
 from moagen.moa.expr import simplified
-from moagen.onf.loops import ONF, Let, Loop, Store, Update, map_stmt_exprs, stmt_exprs
+from moagen.onf.loops import (ONF, Let, Loop, Store, Update, bounded_extents, map_stmt_exprs,
+                              offsets_of, stmt_exprs)
 from moagen.onf.names import kernel_names
 from moagen.steps.step import Step
 
@@ -46,20 +47,22 @@ class MarkSimd(Step):
         # the inputs' dimensions: at least 1 in every call (moagen.targets.abi checks)
         positive = frozenset(s for buffer in onf.inputs for dim in buffer.shape
                              for s in sympy.sympify(dim).free_symbols)
-        nests = [replace(n, body=_mark_block(n.body, names, positive)) for n in onf.nests]
+        offsets = offsets_of(onf)
+        nests = [replace(n, body=_mark_block(n.body, names, positive, offsets))
+                 for n in onf.nests]
         return replace(onf, nests=tuple(nests))
 
 
-def _mark_block(stmts, names, positive):
+def _mark_block(stmts, names, positive, offsets):
     """stmts with their innermost vectorizable loops marked, each after the locals that
-    hold its invariant reads."""
+    hold its invariant reads; offsets: the kernel's (offsets_of)."""
     out = []
     for s in stmts:
         if not isinstance(s, Loop):
             out.append(s)
         elif any(isinstance(b, Loop) for b in s.body):
-            out.append(replace(s, body=_mark_block(s.body, names, positive)))
-        elif _vectorizable(s, positive):
+            out.append(replace(s, body=_mark_block(s.body, names, positive, offsets)))
+        elif _vectorizable(s, positive, offsets):
             loads, loop = _invariant_loads(s, names)
             out += loads
             out.append(replace(loop, simd=True))
@@ -106,8 +109,10 @@ def simd_clauses(loop: Loop) -> str:
                    for op, names in simd_reductions(loop).items())
 
 
-def _vectorizable(loop: Loop, positive=frozenset()) -> bool:
-    """positive: the size symbols that are at least 1."""
+def _vectorizable(loop: Loop, positive=frozenset(), sequences=None) -> bool:
+    """positive: the size symbols that are at least 1; sequences: the kernel's offsets, whose
+    sequences' extents in the loop's stop are taken at their bound (bounded_extents: the
+    stores' distances are then compared with the most a sequence's loop runs)."""
     if loop.vector_tile or loop.parallel:
         return False
     if set(simd_reductions(loop)) - {"+", "max"}:
@@ -123,7 +128,8 @@ def _vectorizable(loop: Loop, positive=frozenset()) -> bool:
                  for e in S.subexpressions(x) if isinstance(e, S.Load) and e.array == array}
         if reads - offsets:
             return False  # another iteration's element: the lanes would see stale values
-        if not all(_ranges_apart(a, b, loop.var, loop.start, loop.stop, positive)
+        stop = bounded_extents(loop.stop, sequences)
+        if not all(_ranges_apart(a, b, loop.var, loop.start, stop, positive)
                    for a, b in combinations(offsets, 2)):
             return False
     return True
