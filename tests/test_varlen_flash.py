@@ -155,7 +155,7 @@ def test_the_flash_variant_over_packed_sequences():
     CPU only."""
     onf = onf_of("attention_varlen_fwd_causal", "flash")
     assert offsets_of(onf) == {"cu_q": sym("total_q"), "cu_k": sym("total_k")}
-    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows", "rows.edge"]
+    assert [n.label for n in onf.nests] == ["rows.pack_K", "rows", "rows.edge", "rows.edge.edge"]
     assert {b.name: b.shape for b in onf.temps} == {
         "probs": (sym("kv_heads"), sym("group"), sym("total_q"), sympy.Min(64, sym("total_k"))),
         "K_panel": (idiv(sym("total_k"), 8) + sym("batch"), sym("kv_heads"), sym("d"), 8)}
