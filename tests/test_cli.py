@@ -82,6 +82,23 @@ def test_generate_check_reports_drift(capsys, tmp_path, monkeypatch):
     assert "make generated" in err
 
 
+def test_generate_removes_the_sources_it_no_longer_emits(capsys, tmp_path, monkeypatch):
+    """A source the generator wrote for a kernel it no longer has goes; a file it did not
+    write stays, whatever its name."""
+    one = {"rmsnorm_fwd": KERNELS["rmsnorm_fwd"]}
+    monkeypatch.setattr(kernels, "KERNELS", one)
+    gone = tmp_path / "attention_fwd_dnf.c"
+    shutil.copy(GENERATED / gone.name, gone)
+    kept = tmp_path / "notes.c"
+    kept.write_text("/* by hand */\n")
+    code, out, _ = run(capsys, "generate", "--out", str(tmp_path))
+    assert code == 0 and not gone.exists() and kept.exists()
+    assert f"removed {gone}: no kernel, variant and language emits it now" in out.splitlines()
+    emitted = {filename("rmsnorm_fwd", v, lang) for lang in LANGS
+               for v in one["rmsnorm_fwd"].variants_on(get_target(lang).kind)}
+    assert {p.name for p in tmp_path.iterdir()} == emitted | {kept.name}
+
+
 @pytest.mark.parametrize("argv,message", [
     (["show", "flash_attention"], "unknown kernel 'flash_attention'; known kernels: attention_fwd"),
     (["show", "attention_fwd", "--variant", "flashy"],

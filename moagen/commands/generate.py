@@ -45,3 +45,19 @@ def run(args):
     for name, text in expected.items():
         write_text(args.out / name, text)
     print(f"wrote {len(expected)} sources to {args.out}")
+    for path in _stale(args.out, expected):
+        path.unlink()
+        print(f"removed {path}: no kernel, variant and language emits it now")
+
+
+def _stale(out: Path, expected):
+    """The files in `out` that the generator wrote once and emits no longer (a kernel or
+    variant renamed or gone): marked in their first lines as generated, named as nothing it
+    emits. A file without the mark is left where it is, whatever its name."""
+    from moagen.emit import GENERATED_BY
+    for path in sorted(out.glob("*")):
+        if path.is_file() and path.name not in expected:
+            with path.open(errors="replace") as f:
+                head = [f.readline() for _ in range(3)]
+            if any(GENERATED_BY in line for line in head):
+                yield path
