@@ -1,4 +1,5 @@
 """Fortran built with f90wrap and f2py into an extension module."""
+import hashlib
 import re
 import sysconfig
 from functools import lru_cache
@@ -15,8 +16,8 @@ def build_fortran(source, stem, module, toolchain=None):
     if not re.search(rf"^\s*module\s+{re.escape(module)}\s*$", source, re.IGNORECASE | re.MULTILINE):
         raise ValueError(f"Fortran source for {stem!r} defines no module {module!r}")
     tc = toolchain or Toolchain()
-    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags) + \
-        ((tc.fsharedflags,) if tc.fsharedflags else ())  # the keys of CPU builds unchanged
+    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags, tc.fsharedflags,
+           _runtime_key(tc.cc))  # a new runtime relinks every extension
 
     def build(folder, name):
         fc = require(tc.fc, "Fortran compiler", INSTALL_FORTRAN)
@@ -31,17 +32,41 @@ def build_fortran(source, stem, module, toolchain=None):
         # "Build flags")
         module = f"_{name}"
         run([f2py, "-m", module, "--lower", f"f90wrap_{stem}.f90"], src, cwd=folder)
-        glue_flags, runtime = _f2py_glue()
-        run([cc, *glue_flags, "-c", f"{module}module.c", runtime], src, cwd=folder)
+        run([cc, *_f2py_glue()[0], "-c", f"{module}module.c"], src, cwd=folder)
         wrappers = [f"f90wrap_{stem}.f90"] + sorted(p.name for p in folder.glob(f"{module}-f2pywrappers*"))
         run([fc, *tc.fflags, "-c", *wrappers], src, cwd=folder)
-        objects = [f"{module}module.o", "fortranobject.o", f"{stem}.o",
+        objects = [f"{module}module.o", str(_f2py_runtime(cc)), f"{stem}.o",
                    *(Path(w).with_suffix(".o").name for w in wrappers)]
         run([fc, "-shared", "-o", module + sysconfig.get_config_var("EXT_SUFFIX"), *objects,
               *tc.fldflags, *tc.fsharedflags], src, cwd=folder)
 
     folder = cached(stem, key, build)
     return folder / f"_{folder.name.replace('-', '_')}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def _f2py_runtime(cc):
+    """f2py's runtime (numpy's fortranobject.c) compiled with the glue's flags, the same
+    object linked into every Fortran extension; built once per build folder and key
+    (_runtime_key), as a kernel is, so that concurrent builds agree on one object."""
+    flags, source = _f2py_glue()
+
+    def build(folder, name):
+        run([cc, *flags, "-c", source, "-o", str(folder / "fortranobject.o")], source,
+            cwd=folder)
+
+    return cached("fortranobject", _runtime_key(cc), build) / "fortranobject.o"
+
+
+@lru_cache(maxsize=None)
+def _runtime_key(cc):
+    """What decides the runtime's object: the C compiler, the glue's flags (Python's and
+    numpy's headers among them), numpy's version and the runtime's own source and header."""
+    import numpy  # only a Fortran build needs it
+
+    flags, source = _f2py_glue()
+    texts = [path.read_bytes() for path in sorted(Path(source).parent.glob("fortranobject.*"))]
+    return ("f2py-runtime", cc, flags, source, numpy.__version__,
+            hashlib.sha256(b"\0".join(texts)).hexdigest())
 
 
 @lru_cache(maxsize=None)
