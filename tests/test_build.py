@@ -78,8 +78,8 @@ def test_missing_compiler_names_the_package(build_dir, scale_rows, lang, field, 
     assert "moagen-no-such-compiler" in str(error.value)
 
 
-def test_missing_f90wrap_names_the_pip_package(build_dir, scale_rows, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "elsewhere" / "python"))
+def test_missing_f90wrap_names_the_pip_package(build_dir, scale_rows, monkeypatch):
+    monkeypatch.setitem(sys.modules, "f90wrap", None)  # not importable
     with pytest.raises(CompilerNotFound, match=r"pip install f90wrap==0\.3\.0"):
         build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
 
