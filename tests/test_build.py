@@ -3,11 +3,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy
 import pytest
 
 from moagen.targets import toolchain
 from moagen.targets.c.build import build_c
 from moagen.targets.cuda.build import build_cuda, compile_cuda
+from moagen.targets.fortran import build as fortran_build
 from moagen.targets.fortran.build import build_fortran
 from moagen.targets.toolchain import Toolchain
 from moagen.errors import CompileError, CompilerNotFound
@@ -76,8 +78,8 @@ def test_missing_compiler_names_the_package(build_dir, scale_rows, lang, field, 
     assert "moagen-no-such-compiler" in str(error.value)
 
 
-def test_missing_f90wrap_names_the_pip_package(build_dir, scale_rows, tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "elsewhere" / "python"))
+def test_missing_f90wrap_names_the_pip_package(build_dir, scale_rows, monkeypatch):
+    monkeypatch.setitem(sys.modules, "f90wrap", None)  # not importable
     with pytest.raises(CompilerNotFound, match=r"pip install f90wrap==0\.3\.0"):
         build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
 
@@ -108,6 +110,35 @@ def test_fortran_extension_is_named_for_its_build(scale_rows):
     extension = build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
     assert extension.is_file()
     assert extension.name.startswith("_" + extension.parent.name.replace("-", "_") + ".")
+
+
+def _runtimes(build_dir):
+    return sorted(build_dir.glob("fortranobject-*/fortranobject.o"))
+
+
+def test_fortran_extensions_link_one_f2py_runtime(build_dir, scale_rows):
+    first = build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
+    second = build_fortran(scale_rows.sources["fortran"] + "\n", "scale_rows", MODULE)
+    assert first.parent != second.parent
+    assert len(_runtimes(build_dir)) == 1  # numpy's fortranobject.c compiled once
+    assert not list(first.parent.glob("fortranobject*")) and not list(second.parent.glob("fortranobject*"))
+
+
+@pytest.fixture
+def fresh_runtime_key():
+    fortran_build._runtime_key.cache_clear()
+    yield
+    fortran_build._runtime_key.cache_clear()
+
+
+def test_new_numpy_rebuilds_the_runtime_and_the_extension(build_dir, scale_rows, monkeypatch,
+                                                          fresh_runtime_key):
+    first = build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
+    monkeypatch.setattr(numpy, "__version__", "0.0.0")
+    fortran_build._runtime_key.cache_clear()
+    second = build_fortran(scale_rows.sources["fortran"], "scale_rows", MODULE)
+    assert second != first and second.is_file()
+    assert len(_runtimes(build_dir)) == 2
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

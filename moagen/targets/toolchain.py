@@ -14,7 +14,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -247,14 +246,6 @@ def require(program, what, install):
     if shutil.which(program) is None:
         raise CompilerNotFound(f"{what} {program!r} not found on PATH; install it with: {install}")
     return program
-
-
-def script(name):
-    """A console script of this Python environment (f90wrap installs them next to python)."""
-    path = Path(sys.executable).parent / name
-    if not path.exists():
-        raise CompilerNotFound(f"{name} not found next to {sys.executable}; install it with: {INSTALL_F90WRAP}")
-    return str(path)
 
 
 def write(path, text):

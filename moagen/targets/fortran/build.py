@@ -1,11 +1,17 @@
 """Fortran built with f90wrap and f2py into an extension module."""
+import hashlib
 import re
+import sys
 import sysconfig
 from functools import lru_cache
+from importlib.util import find_spec
 from pathlib import Path
 
-from moagen.targets.toolchain import (INSTALL_C, INSTALL_FORTRAN, Toolchain, cached, require, run, script,
-                                     write)
+from moagen.errors import CompilerNotFound
+from moagen.targets.toolchain import (INSTALL_C, INSTALL_F90WRAP, INSTALL_FORTRAN, Toolchain, cached,
+                                     require, run, write)
+
+WRAP = Path(__file__).with_name("wrap.py")  # run as a script: f90wrap's and f2py's sources
 
 
 def build_fortran(source, stem, module, toolchain=None):
@@ -15,33 +21,63 @@ def build_fortran(source, stem, module, toolchain=None):
     if not re.search(rf"^\s*module\s+{re.escape(module)}\s*$", source, re.IGNORECASE | re.MULTILINE):
         raise ValueError(f"Fortran source for {stem!r} defines no module {module!r}")
     tc = toolchain or Toolchain()
-    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags) + \
-        ((tc.fsharedflags,) if tc.fsharedflags else ())  # the keys of CPU builds unchanged
+    key = ("fortran", source, tc.fc, tc.fflags, tc.fldflags, tc.fsharedflags,
+           _runtime_key(tc.cc))  # a new runtime relinks every extension
 
     def build(folder, name):
         fc = require(tc.fc, "Fortran compiler", INSTALL_FORTRAN)
         cc = require(tc.cc, "C compiler (f2py's C wrapper)", INSTALL_C)
-        f90wrap, f2py = script("f90wrap"), script("f2py-f90wrap")
+        _require_f90wrap()
         src = write(folder / f"{stem}.f90", source)
         run([fc, *tc.fflags, "-c", src.name, "-o", f"{stem}.o"], src, cwd=folder)
-        run([f90wrap, "-m", stem, src.name], src, cwd=folder)
-        # f2py writes the extension's C source (and Fortran wrappers, maybe empty); the
-        # compilers build it here, as f2py's meson backend would, without setting up a meson
-        # project for each kernel (most of a small kernel's build: docs/PERFORMANCE.md,
-        # "Build flags")
+        # f90wrap's wrappers, then f2py's C source of the extension (and Fortran wrappers,
+        # maybe empty), one interpreter for both (wrap.py); the compilers build them here,
+        # as f2py's meson backend would, without setting up a meson project for each kernel
+        # (most of a small kernel's build: docs/PERFORMANCE.md, "Build flags")
         module = f"_{name}"
-        run([f2py, "-m", module, "--lower", f"f90wrap_{stem}.f90"], src, cwd=folder)
-        glue_flags, runtime = _f2py_glue()
-        run([cc, *glue_flags, "-c", f"{module}module.c", runtime], src, cwd=folder)
+        run([sys.executable, str(WRAP), stem, module, src.name], src, cwd=folder)
+        run([cc, *_f2py_glue()[0], "-c", f"{module}module.c"], src, cwd=folder)
         wrappers = [f"f90wrap_{stem}.f90"] + sorted(p.name for p in folder.glob(f"{module}-f2pywrappers*"))
         run([fc, *tc.fflags, "-c", *wrappers], src, cwd=folder)
-        objects = [f"{module}module.o", "fortranobject.o", f"{stem}.o",
+        objects = [f"{module}module.o", str(_f2py_runtime(cc)), f"{stem}.o",
                    *(Path(w).with_suffix(".o").name for w in wrappers)]
         run([fc, "-shared", "-o", module + sysconfig.get_config_var("EXT_SUFFIX"), *objects,
               *tc.fldflags, *tc.fsharedflags], src, cwd=folder)
 
     folder = cached(stem, key, build)
     return folder / f"_{folder.name.replace('-', '_')}{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def _require_f90wrap():
+    """f90wrap must be installed where wrap.py runs: this interpreter's environment."""
+    if find_spec("f90wrap") is None:
+        raise CompilerNotFound(f"f90wrap not found by {sys.executable}; install it with: "
+                               f"{INSTALL_F90WRAP}")
+
+
+def _f2py_runtime(cc):
+    """f2py's runtime (numpy's fortranobject.c) compiled with the glue's flags, the same
+    object linked into every Fortran extension; built once per build folder and key
+    (_runtime_key), as a kernel is, so that concurrent builds agree on one object."""
+    flags, source = _f2py_glue()
+
+    def build(folder, name):
+        run([cc, *flags, "-c", source, "-o", str(folder / "fortranobject.o")], source,
+            cwd=folder)
+
+    return cached("fortranobject", _runtime_key(cc), build) / "fortranobject.o"
+
+
+@lru_cache(maxsize=None)
+def _runtime_key(cc):
+    """What decides the runtime's object: the C compiler, the glue's flags (Python's and
+    numpy's headers among them), numpy's version and the runtime's own source and header."""
+    import numpy  # only a Fortran build needs it
+
+    flags, source = _f2py_glue()
+    texts = [path.read_bytes() for path in sorted(Path(source).parent.glob("fortranobject.*"))]
+    return ("f2py-runtime", cc, flags, source, numpy.__version__,
+            hashlib.sha256(b"\0".join(texts)).hexdigest())
 
 
 @lru_cache(maxsize=None)
