@@ -18,7 +18,7 @@ from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, flags, where
 from moagen.moa.spec import KernelSpec, Output
 from moagen.onf.interpret import evaluate_dnf, run_onf
-from moagen.onf.loops import Store, walk
+from moagen.onf.loops import Loop, Store, walk
 from moagen.pipeline import onf_of
 
 KERNEL = "attention_cross_fwd_bool2d"
@@ -91,11 +91,22 @@ def test_the_flash_forward_applies_the_mask_after_its_tile_stores():
     score by the mask (P = P where M, else -inf): with the mask's select in the stores,
     gcc kept the accumulators scalar (3.5x the float mask's time, float32). (The keys past
     the last whole tile keep their loop as it was.)"""
-    stores = [s for nest in onf_of(KERNEL, "flash").nests for s in walk(nest.body)
-              if isinstance(s, Store) and s.array == "probs"]
-    reads = [{e.array if hasattr(e, "array") else e.name for e in S.subexpressions(s.value)
-              if isinstance(e, (S.Access, S.Load, S.Local))} for s in stores]
-    tile = [names for names in reads  # a tile's accumulator: qk_<row>_<lane>
-            if any(re.fullmatch(r"qk_\d+_\d+", name) for name in names)]
-    applied = [names for names in reads if names == {"probs", "M"}]
+    def reads(store):
+        return {e.array if hasattr(e, "array") else e.name for e in S.subexpressions(store.value)
+                if isinstance(e, (S.Access, S.Load, S.Local))}
+
+    # a tile's stores: those beside its loop of accumulations (a vector tile), each row's
+    # and lane's, in every nest (the row tiles, the edge's tiles, the rows left alone)
+    tiled = {}
+    for nest in onf_of(KERNEL, "flash").nests:
+        for lp in walk(nest.body):
+            if isinstance(lp, Loop) and any(isinstance(s, Loop) and s.vector_tile
+                                            for s in lp.body):
+                tiled.setdefault(nest.label, []).append(lp)
+    loops = [lp for nest in tiled.values() for lp in nest]
+    tile = [reads(s) for lp in loops for s in lp.body  # P = scale * an accumulator
+            if isinstance(s, Store) and s.array == "probs" and "probs" not in reads(s)]
+    applied = [reads(s) for lp in loops for s in walk(lp.body)
+               if isinstance(s, Store) and s.array == "probs" and reads(s) == {"probs", "M"}]
+    assert set(tiled) == {"rows", "rows.edge", "rows.edge.edge"}
     assert tile and all("M" not in names for names in tile) and len(applied) == len(tile)
