@@ -13,7 +13,7 @@ import sympy
 from moagen import reference, runtime
 from moagen.errors import ScheduleError, UnknownNameError
 from moagen.kernels import attention_varlen as varlen
-from moagen.kernels.attention import flash_tiles, row_pass
+from moagen.kernels.attention import LOWEST, flash_tiles, one_head, row_pass
 from moagen.moa import scalar as S
 from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, idiv, lift, psi, sym
@@ -38,8 +38,8 @@ ROWS = ("b", "i")
 def _floored_dnf():
     """attention_varlen's head (its max floored at -1e30, its sum clamped at 1) over plain
     arrays, bottom-right causal: with n_q > n the first n_q - n queries see no key."""
-    o, lse = varlen._head(*(psi(("b",), a) for a in (Q, K, V)),
-                          varlen._seen_mask(sym("n_q"), sym("n")))
+    o, lse = one_head(*(psi(("b",), a) for a in (Q, K, V)), True,
+                      mask=varlen._seen_mask(sym("n_q"), sym("n")), floored=True)
     lifted = lambda value: lift(("b",), ("batch",), value)
     return psi_reduce(KernelSpec(
         name="floored", inputs=(Q, K, V), scalars=("scale",),
@@ -69,7 +69,7 @@ def test_online_softmax_takes_the_floored_max_and_the_clamped_sum(n_q, n, block)
     before = realize(dnf, "dnf", row_pass(ROWS))
     after = realize(dnf, "dnf", row_pass(ROWS) + (OnlineSoftmax("rows", block=block),))
     starts = [s.value for s in walk(after.nests[0].body) if isinstance(s, Let) and s.name == "t"]
-    assert starts == [S.Num(varlen.LOWEST)]
+    assert starts == [S.Num(LOWEST)]
     arrays, scalars = _arrays(n_q, n), {"scale": 0.5}
     _agree(run_onf(after, arrays, scalars), run_onf(before, arrays, scalars), max(n_q - n, 0))
 
@@ -123,7 +123,7 @@ def test_causal_blocks_without_a_floor_still_refuse_rows_that_may_see_no_key():
                               *rows_together("rows", "i", 3))
     onf = realize(_floored_dnf(), "flash", steps, upto=len(steps))
     unfloored = _rewritten(onf, lambda s: replace(s, value=S.Num(float("-inf")))
-                           if isinstance(s, Let) and s.value == S.Num(varlen.LOWEST) else s)
+                           if isinstance(s, Let) and s.value == S.Num(LOWEST) else s)
     with pytest.raises(ScheduleError, match="not known to be >= 0: a row might see no key"):
         CausalBlocks("rows")(unfloored)
 

@@ -9,8 +9,8 @@ from moagen import reference
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers, cpu
 from moagen.kernels.tunable import Tunable
-from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, named, omega, outer,
-                             psi, reduce, transpose, where)
+from moagen.moa.expr import (Scalar, array, exp, inner, iota, lift, log, maximum, named, omega,
+                             outer, psi, reduce, transpose, where)
 from moagen.moa.spec import KernelSpec, Output
 from moagen.steps.algebra.block_products import BlockProducts
 from moagen.steps.algebra.causal import CausalBlocks
@@ -41,23 +41,36 @@ def causal_mask(scores):
     return where(outer(">=", iota("n"), iota("n")), scores, float("-inf"))
 
 
-def softmax_parts(q, k, causal, mask=causal_mask):
+# the least row max of a softmax whose rows may see no key: such a row's weights are
+# exp(-inf + 1e30) = 0, not exp(-inf + inf) = NaN; a row that sees one has a larger max (its
+# scores finite)
+LOWEST = -1e30
+
+
+def softmax_parts(q, k, causal, mask=causal_mask, floored=False):
     """The scaled (masked) scores and the stable softmax's row max, weights and row sum;
-    mask: what causal applies to the scores (moagen.kernels.attention_cross shifts it)."""
+    mask: what causal applies to the scores (moagen.kernels.attention_cross shifts it);
+    floored: the row max at least LOWEST (a mask may hide every key of a row)."""
     scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
     scores = named("scores", mask(scores) if causal else scores, index=("i", "j"))
     row_max = reduce("max", scores, axis=1, var="j", name="row_max")
+    if floored:
+        row_max = maximum(row_max, LOWEST)
     weights = exp(omega("-", scores, row_max))
     row_sum = reduce("+", weights, axis=1, var="j", name="row_sum")
     return row_max, weights, row_sum
 
 
-def one_head(q, k, v, causal, mask=causal_mask, dropout=None):
+def one_head(q, k, v, causal, mask=causal_mask, dropout=None, floored=False):
     """O and the per-row logsumexp, which the backward pass needs; dropout: what the
     probabilities become before they weight V (moagen.kernels.attention_dropout), the lse
-    being the softmax's own."""
-    row_max, weights, row_sum = softmax_parts(q, k, causal, mask)
-    probs = named("probs", omega("/", weights, row_sum), index=("i", "j"))
+    being the softmax's own. floored: a row may see no key, and gets O = 0 (its sum 0,
+    divided by 1) and lse = -inf (log 0), as SDPA and FlashAttention give it; a row that
+    sees a key has a sum of at least 1 (its max's term), which the division by max(sum, 1)
+    leaves, and a max above the floor."""
+    row_max, weights, row_sum = softmax_parts(q, k, causal, mask, floored)
+    probs = named("probs", omega("/", weights, maximum(row_sum, 1.0) if floored else row_sum),
+                  index=("i", "j"))
     return (inner(dropout(probs) if dropout else probs, v, var="j", name="acc"),
             row_max + log(row_sum))
 

@@ -36,12 +36,10 @@ import numpy as np
 
 from moagen import reference
 from moagen.kernels import attention
-from moagen.kernels.attention import row_pass, softmax_scale
+from moagen.kernels.attention import one_head, row_pass, softmax_scale
 from moagen.kernels.cases import Bench, Check, references
 from moagen.kernels.layers import Layers
-from moagen.moa.expr import (Scalar, array, drop, element, exp, inner, iota, lift, log,
-                             maximum, named, offsets, omega, outer, reduce, sym, transpose,
-                             where)
+from moagen.moa.expr import array, drop, element, iota, lift, offsets, outer, sym, where
 from moagen.moa.grad import grad
 from moagen.moa.spec import KernelSpec, Output, Packed
 from moagen.steps.algebra.maskedkeys import MaskedKeys
@@ -75,29 +73,13 @@ def _seen_mask(n_q, n_k):
     return lambda scores: where(outer(">=", positions, iota(n_k)), scores, float("-inf"))
 
 
-# the least row max: a row that sees no key (every score -inf) has weights exp(-inf + 1e30)
-# = 0, not exp(-inf + inf) = NaN; a row that sees one has a larger max (its scores finite)
-LOWEST = -1e30
-
-
-def _head(q, k, v, mask):
-    """attention's one head (moagen.kernels.attention.one_head), a row that sees no key
-    given O = 0 (its sum 0, divided by 1) and lse = -inf (log 0): a row that sees a key has
-    a sum of at least 1 (its max's term), which the division's max(sum, 1) leaves."""
-    scores = Scalar("scale") * inner(q, transpose(k), var="c", name="qk")
-    scores = named("scores", mask(scores) if mask else scores, index=("i", "j"))
-    row_max = maximum(reduce("max", scores, axis=1, var="j", name="row_max"), LOWEST)
-    weights = exp(omega("-", scores, row_max))
-    row_sum = reduce("+", weights, axis=1, var="j", name="row_sum")
-    probs = named("probs", omega("/", weights, maximum(row_sum, 1.0)), index=("i", "j"))
-    return inner(probs, v, var="j", name="acc"), row_max + log(row_sum)
-
-
 def spec(causal: bool) -> KernelSpec:
     n_q, n_k = _extent(CU_Q), _extent(CU_K)
     queries, keys = Packed(SEQUENCE, "i", CU_Q), Packed(SEQUENCE, "j", CU_K)
-    o, lse = _head(queries.read(Q, ("g", "r")), keys.read(K, ("g",)), keys.read(V, ("g",)),
-                   _seen_mask(n_q, n_k) if causal else None)
+    # a row that sees no key (causal's first n_q - n_k; any of a sequence with no keys):
+    # O = 0, lse = -inf (floored)
+    o, lse = one_head(queries.read(Q, ("g", "r")), keys.read(K, ("g",)), keys.read(V, ("g",)),
+                      causal, mask=_seen_mask(n_q, n_k) if causal else None, floored=True)
     extents = ("batch", "kv_heads", "group")
     packed = queries
     return KernelSpec(
