@@ -10,7 +10,7 @@
  *                         scale
  *                         * exp(
  *                             (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j2 c2> psi K)) if (<i j2> psi M) > 0.0 else -inf)
- *                             - (<b g r i> psi lse)
+ *                             - max((<b g r i> psi lse), -1e+30)
  *                         )
  *                         * (sum[c3 < d]((<b g r i c3> psi dO) * (<b g j2 c3> psi V))
  *                         - (<b g r i> psi delta))
@@ -21,7 +21,7 @@
  *                          scale
  *                          * exp(
  *                              (scale * sum[c5 < d]((<b g r2 i2 c5> psi Q) * (<b g j c5> psi K)) if (<i2 j> psi M) > 0.0 else -inf)
- *                              - (<b g r2 i2> psi lse)
+ *                              - max((<b g r2 i2> psi lse), -1e+30)
  *                          )
  *                          * (sum[c6 < d]((<b g r2 i2 c6> psi dO) * (<b g j c6> psi V))
  *                          - (<b g r2 i2> psi delta))
@@ -32,7 +32,7 @@
  *                      sum[i3 < n_q](
  *                          exp(
  *                              (scale * sum[c7 < d]((<b g r3 i3 c7> psi Q) * (<b g j c7> psi K)) if (<i3 j> psi M) > 0.0 else -inf)
- *                              - (<b g r3 i3> psi lse)
+ *                              - max((<b g r3 i3> psi lse), -1e+30)
  *                          )
  *                          * (<b g r3 i3 c> psi dO)
  *                      )
@@ -48,6 +48,10 @@
 double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
+
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
 
 void attention_cross_bwd_bool2d_dnf_f64(
     const double *restrict Q,
@@ -91,7 +95,7 @@ void attention_cross_bwd_bool2d_dnf_f64(
             }
         }
     }
-    /* dQ: writes dQ; reads Q, K, dO, V, M, lse; scratch delta
+    /* dQ: writes dQ; reads lse, Q, K, dO, V, M; scratch delta
      * for b, g, r, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(4) schedule(static)
@@ -99,10 +103,12 @@ void attention_cross_bwd_bool2d_dnf_f64(
         for (int64_t g = 0; g < kv_heads; ++g) {
             for (int64_t r = 0; r < group; ++r) {
                 for (int64_t i = 0; i < n_q; ++i) {
+                    const int64_t lse_row = n_q*(group*(b*kv_heads + g) + r);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = 0.0;
                     }
+                    const double t2 = max_double(lse[lse_row + i], -1e+30);
                     for (int64_t j = 0; j < n; ++j) {
                         const int64_t V_row = d*(j + n*(b*kv_heads + g));
                         double qk = 0.0;
@@ -115,7 +121,7 @@ void attention_cross_bwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
                         }
-                        const double t = scale * exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+                        const double t = scale * exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - t2) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
@@ -151,10 +157,10 @@ void attention_cross_bwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const double t2 = scale * exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+                        const double t3 = scale * exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - max_double(lse[lse_row + i], -1e+30)) * (dov - delta[delta_row + i]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
+                            dK[c + d*(j + n*(b*kv_heads + g))] += t3 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
                         }
                     }
                 }
@@ -182,10 +188,10 @@ void attention_cross_bwd_bool2d_dnf_f64(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const double t3 = exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - lse[lse_row + i]);
+                        const double t4 = exp(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j]) * 0xFFF0000000000000u}).value - max_double(lse[lse_row + i], -1e+30));
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
+                            dV[c + d*(j + n*(b*kv_heads + g))] += t4 * dO[dO_row + c];
                         }
                     }
                 }
@@ -236,7 +242,7 @@ void attention_cross_bwd_bool2d_dnf_f32(
             }
         }
     }
-    /* dQ: writes dQ; reads Q, K, dO, V, M, lse; scratch delta
+    /* dQ: writes dQ; reads lse, Q, K, dO, V, M; scratch delta
      * for b, g, r, i (parallel) / c (simd), j / c (simd)
      */
     #pragma omp parallel for collapse(4) schedule(static)
@@ -244,10 +250,12 @@ void attention_cross_bwd_bool2d_dnf_f32(
         for (int64_t g = 0; g < kv_heads; ++g) {
             for (int64_t r = 0; r < group; ++r) {
                 for (int64_t i = 0; i < n_q; ++i) {
+                    const int64_t lse_row = n_q*(group*(b*kv_heads + g) + r);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
                         dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = 0.0f;
                     }
+                    const float t2 = max_float(lse[lse_row + i], -1e+30f);
                     for (int64_t j = 0; j < n; ++j) {
                         const int64_t V_row = d*(j + n*(b*kv_heads + g));
                         float qk = 0.0f;
@@ -260,7 +268,7 @@ void attention_cross_bwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
                         }
-                        const float t = scale * expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+                        const float t = scale * expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - t2) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
                             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
@@ -296,10 +304,10 @@ void attention_cross_bwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const float t2 = scale * expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+                        const float t3 = scale * expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - max_float(lse[lse_row + i], -1e+30f)) * (dov - delta[delta_row + i]);
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
+                            dK[c + d*(j + n*(b*kv_heads + g))] += t3 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
                         }
                     }
                 }
@@ -327,10 +335,10 @@ void attention_cross_bwd_bool2d_dnf_f32(
                         for (int64_t c = 0; c < d; ++c) {
                             qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
                         }
-                        const float t3 = expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - lse[lse_row + i]);
+                        const float t4 = expf(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j]) * 0xFF800000u}).value - max_float(lse[lse_row + i], -1e+30f));
                         #pragma omp simd
                         for (int64_t c = 0; c < d; ++c) {
-                            dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
+                            dV[c + d*(j + n*(b*kv_heads + g))] += t4 * dO[dO_row + c];
                         }
                     }
                 }

@@ -10,7 +10,7 @@
  *                         scale
  *                         * exp(
  *                             (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j2 c2> psi K)) if (<i j2> psi M) > 0.0 else -inf)
- *                             - (<b g r i> psi lse)
+ *                             - max((<b g r i> psi lse), -1e+30)
  *                         )
  *                         * (sum[c3 < d]((<b g r i c3> psi dO) * (<b g j2 c3> psi V))
  *                         - (<b g r i> psi delta))
@@ -21,7 +21,7 @@
  *                          scale
  *                          * exp(
  *                              (scale * sum[c5 < d]((<b g r2 i2 c5> psi Q) * (<b g j c5> psi K)) if (<i2 j> psi M) > 0.0 else -inf)
- *                              - (<b g r2 i2> psi lse)
+ *                              - max((<b g r2 i2> psi lse), -1e+30)
  *                          )
  *                          * (sum[c6 < d]((<b g r2 i2 c6> psi dO) * (<b g j c6> psi V))
  *                          - (<b g r2 i2> psi delta))
@@ -32,7 +32,7 @@
  *                      sum[i3 < n_q](
  *                          exp(
  *                              (scale * sum[c7 < d]((<b g r3 i3 c7> psi Q) * (<b g j c7> psi K)) if (<i3 j> psi M) > 0.0 else -inf)
- *                              - (<b g r3 i3> psi lse)
+ *                              - max((<b g r3 i3> psi lse), -1e+30)
  *                          )
  *                          * (<b g r3 i3 c> psi dO)
  *                      )
@@ -90,7 +90,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_delta(
     delta[delta_row + i] = rowdot;
 }
 
-/* dQ: writes dQ; reads Q, K, dO, V, M, lse; scratch delta
+/* dQ: writes dQ; reads lse, Q, K, dO, V, M; scratch delta
  * for b, g, r, i (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_cross_bwd_bool2d_dnf_f64_dQ(
@@ -117,9 +117,11 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dQ(
     const int64_t r = (tid / n_q) % group;
     const int64_t g = (tid / (group*n_q)) % kv_heads;
     const int64_t b = (tid / (group*kv_heads*n_q));
+    const int64_t lse_row = n_q*(group*(b*kv_heads + g) + r);
     for (int64_t c = 0; c < d; ++c) {
         dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = 0.0;
     }
+    const double t2 = fmax(lse[lse_row + i], -1e+30);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t V_row = d*(j + n*(b*kv_heads + g));
         double qk = 0.0;
@@ -130,7 +132,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dQ(
         for (int64_t c = 0; c < d; ++c) {
             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
         }
-        const double t = scale * exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+        const double t = scale * exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - t2) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
         }
@@ -179,9 +181,9 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dK(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
             }
-            const double t2 = scale * exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+            const double t3 = scale * exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - fmax(lse[lse_row + i], -1e+30)) * (dov - delta[delta_row + i]);
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
+                dK[c + d*(j + n*(b*kv_heads + g))] += t3 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
             }
         }
     }
@@ -223,9 +225,9 @@ __global__ void attention_cross_bwd_bool2d_dnf_f64_dV(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
             }
-            const double t3 = exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]);
+            const double t4 = exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - fmax(lse[lse_row + i], -1e+30));
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
+                dV[c + d*(j + n*(b*kv_heads + g))] += t4 * dO[dO_row + c];
             }
         }
     }
@@ -326,7 +328,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_delta(
     delta[delta_row + i] = rowdot;
 }
 
-/* dQ: writes dQ; reads Q, K, dO, V, M, lse; scratch delta
+/* dQ: writes dQ; reads lse, Q, K, dO, V, M; scratch delta
  * for b, g, r, i (parallel) / c (simd), j / c (simd)
  */
 __global__ void attention_cross_bwd_bool2d_dnf_f32_dQ(
@@ -353,9 +355,11 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dQ(
     const int64_t r = (tid / n_q) % group;
     const int64_t g = (tid / (group*n_q)) % kv_heads;
     const int64_t b = (tid / (group*kv_heads*n_q));
+    const int64_t lse_row = n_q*(group*(b*kv_heads + g) + r);
     for (int64_t c = 0; c < d; ++c) {
         dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = 0.0f;
     }
+    const float t2 = fmaxf(lse[lse_row + i], -1e+30f);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t V_row = d*(j + n*(b*kv_heads + g));
         float qk = 0.0f;
@@ -366,7 +370,7 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dQ(
         for (int64_t c = 0; c < d; ++c) {
             dov += dO[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * V[V_row + c];
         }
-        const float t = scale * expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[i + n_q*(group*(b*kv_heads + g) + r)]) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
+        const float t = scale * expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - t2) * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
         for (int64_t c = 0; c < d; ++c) {
             dQ[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * K[c + d*(j + n*(b*kv_heads + g))];
         }
@@ -415,9 +419,9 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dK(
             for (int64_t c = 0; c < d; ++c) {
                 dov += dO[dO_row + c] * V[c + d*(j + n*(b*kv_heads + g))];
             }
-            const float t2 = scale * expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]) * (dov - delta[delta_row + i]);
+            const float t3 = scale * expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - fmaxf(lse[lse_row + i], -1e+30f)) * (dov - delta[delta_row + i]);
             for (int64_t c = 0; c < d; ++c) {
-                dK[c + d*(j + n*(b*kv_heads + g))] += t2 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
+                dK[c + d*(j + n*(b*kv_heads + g))] += t3 * Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))];
             }
         }
     }
@@ -459,9 +463,9 @@ __global__ void attention_cross_bwd_bool2d_dnf_f32_dV(
             for (int64_t c = 0; c < d; ++c) {
                 qk += Q[Q_row + c] * K[c + d*(j + n*(b*kv_heads + g))];
             }
-            const float t3 = expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - lse[lse_row + i]);
+            const float t4 = expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - fmaxf(lse[lse_row + i], -1e+30f));
             for (int64_t c = 0; c < d; ++c) {
-                dV[c + d*(j + n*(b*kv_heads + g))] += t3 * dO[dO_row + c];
+                dV[c + d*(j + n*(b*kv_heads + g))] += t4 * dO[dO_row + c];
             }
         }
     }

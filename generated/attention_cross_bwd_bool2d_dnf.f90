@@ -9,7 +9,7 @@
 !                         scale
 !                         * exp(
 !                             (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j2 c2> psi K)) if (<i j2> psi M) > 0.0 else -inf)
-!                             - (<b g r i> psi lse)
+!                             - max((<b g r i> psi lse), -1e+30)
 !                         )
 !                         * (sum[c3 < d]((<b g r i c3> psi dO) * (<b g j2 c3> psi V))
 !                         - (<b g r i> psi delta))
@@ -20,7 +20,7 @@
 !                          scale
 !                          * exp(
 !                              (scale * sum[c5 < d]((<b g r2 i2 c5> psi Q) * (<b g j c5> psi K)) if (<i2 j> psi M) > 0.0 else -inf)
-!                              - (<b g r2 i2> psi lse)
+!                              - max((<b g r2 i2> psi lse), -1e+30)
 !                          )
 !                          * (sum[c6 < d]((<b g r2 i2 c6> psi dO) * (<b g j c6> psi V))
 !                          - (<b g r2 i2> psi delta))
@@ -31,7 +31,7 @@
 !                      sum[i3 < n_q](
 !                          exp(
 !                              (scale * sum[c7 < d]((<b g r3 i3 c7> psi Q) * (<b g j c7> psi K)) if (<i3 j> psi M) > 0.0 else -inf)
-!                              - (<b g r3 i3> psi lse)
+!                              - max((<b g r3 i3> psi lse), -1e+30)
 !                          )
 !                          * (<b g r3 i3 c> psi dO)
 !                      )
@@ -60,8 +60,8 @@ contains
     real(c_double), intent(out) :: dK(0:batch * kv_heads * n * d - 1)
     real(c_double), intent(out) :: dV(0:batch * kv_heads * n * d - 1)
     real(c_double), intent(out) :: delta(0:batch * kv_heads * group * n_q - 1)
-    integer(c_int64_t) :: b, g, r, i, c, j, dO_row, O_row, delta_row, V_row, lse_row, Q_row
-    real(c_double) :: rowdot, qk, dov, t, t2, t3
+    integer(c_int64_t) :: b, g, r, i, c, j, dO_row, O_row, delta_row, lse_row, V_row, Q_row
+    real(c_double) :: rowdot, t2, qk, dov, t, t3, t4
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -87,17 +87,19 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dQ: writes dQ; reads Q, K, dO, V, M, lse; scratch delta
+    ! dQ: writes dQ; reads lse, Q, K, dO, V, M; scratch delta
     ! for b, g, r, i (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(4) schedule(static) private(c, j, V_row, qk, dov, t)
+    !$omp parallel do collapse(4) schedule(static) private(c, j, lse_row, V_row, t2, qk, dov, t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
           do i = 0, n_q - 1
+            lse_row = n_q*(group*(b*kv_heads + g) + r)
             !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = 0.0_c_double
             end do
+            t2 = max(lse(lse_row + i), -1e+30_c_double)
             do j = 0, n - 1
               V_row = d*(j + n*(b*kv_heads + g))
               qk = 0.0_c_double
@@ -111,9 +113,8 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * V(V_row + c)
               end do
-              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(i + &
-                  & n_q*(group*(b*kv_heads + g) + r))) * (dov - delta(i + n_q*(group*(b*kv_heads &
-                  & + g) + r)))
+              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - t2) * (dov - delta(i + &
+                  & n_q*(group*(b*kv_heads + g) + r)))
               !$omp simd
               do c = 0, d - 1
                 dQ(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = dQ(c + d*(i + &
@@ -136,7 +137,7 @@ contains
     !$omp&   dO_row, &
     !$omp&   qk, &
     !$omp&   dov, &
-    !$omp&   t2)
+    !$omp&   t3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j = 0, n - 1
@@ -160,11 +161,11 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(dO_row + c) * V(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t2 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i)) * &
-                  & (dov - delta(delta_row + i))
+              t3 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - max(lse(lse_row + i), &
+                  & -1e+30_c_double)) * (dov - delta(delta_row + i))
               !$omp simd
               do c = 0, d - 1
-                dK(c + d*(j + n*(b*kv_heads + g))) = dK(c + d*(j + n*(b*kv_heads + g))) + t2 * &
+                dK(c + d*(j + n*(b*kv_heads + g))) = dK(c + d*(j + n*(b*kv_heads + g))) + t3 * &
                     & Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r)))
               end do
             end do
@@ -175,7 +176,7 @@ contains
     !$omp end parallel do
     ! dV: writes dV; reads Q, K, M, lse, dO
     ! for b, g, j (parallel) / c (simd), r / i / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, r, i, lse_row, Q_row, dO_row, qk, t3)
+    !$omp parallel do collapse(3) schedule(static) private(c, r, i, lse_row, Q_row, dO_row, qk, t4)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j = 0, n - 1
@@ -193,10 +194,11 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(Q_row + c) * K(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t3 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i))
+              t4 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - max(lse(lse_row + i), &
+                  & -1e+30_c_double))
               !$omp simd
               do c = 0, d - 1
-                dV(c + d*(j + n*(b*kv_heads + g))) = dV(c + d*(j + n*(b*kv_heads + g))) + t3 * &
+                dV(c + d*(j + n*(b*kv_heads + g))) = dV(c + d*(j + n*(b*kv_heads + g))) + t4 * &
                     & dO(dO_row + c)
               end do
             end do
@@ -223,8 +225,8 @@ contains
     real(c_float), intent(out) :: dK(0:batch * kv_heads * n * d - 1)
     real(c_float), intent(out) :: dV(0:batch * kv_heads * n * d - 1)
     real(c_float), intent(out) :: delta(0:batch * kv_heads * group * n_q - 1)
-    integer(c_int64_t) :: b, g, r, i, c, j, dO_row, O_row, delta_row, V_row, lse_row, Q_row
-    real(c_float) :: rowdot, qk, dov, t, t2, t3
+    integer(c_int64_t) :: b, g, r, i, c, j, dO_row, O_row, delta_row, lse_row, V_row, Q_row
+    real(c_float) :: rowdot, t2, qk, dov, t, t3, t4
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -250,17 +252,19 @@ contains
       end do
     end do
     !$omp end parallel do
-    ! dQ: writes dQ; reads Q, K, dO, V, M, lse; scratch delta
+    ! dQ: writes dQ; reads lse, Q, K, dO, V, M; scratch delta
     ! for b, g, r, i (parallel) / c (simd), j / c (simd)
-    !$omp parallel do collapse(4) schedule(static) private(c, j, V_row, qk, dov, t)
+    !$omp parallel do collapse(4) schedule(static) private(c, j, lse_row, V_row, t2, qk, dov, t)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
           do i = 0, n_q - 1
+            lse_row = n_q*(group*(b*kv_heads + g) + r)
             !$omp simd
             do c = 0, d - 1
               dQ(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = 0.0_c_float
             end do
+            t2 = max(lse(lse_row + i), -1e+30_c_float)
             do j = 0, n - 1
               V_row = d*(j + n*(b*kv_heads + g))
               qk = 0.0_c_float
@@ -274,9 +278,8 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * V(V_row + c)
               end do
-              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(i + &
-                  & n_q*(group*(b*kv_heads + g) + r))) * (dov - delta(i + n_q*(group*(b*kv_heads &
-                  & + g) + r)))
+              t = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - t2) * (dov - delta(i + &
+                  & n_q*(group*(b*kv_heads + g) + r)))
               !$omp simd
               do c = 0, d - 1
                 dQ(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = dQ(c + d*(i + &
@@ -299,7 +302,7 @@ contains
     !$omp&   dO_row, &
     !$omp&   qk, &
     !$omp&   dov, &
-    !$omp&   t2)
+    !$omp&   t3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j = 0, n - 1
@@ -323,11 +326,11 @@ contains
               do c = 0, d - 1
                 dov = dov + dO(dO_row + c) * V(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t2 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i)) * &
-                  & (dov - delta(delta_row + i))
+              t3 = scale * exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - max(lse(lse_row + i), &
+                  & -1e+30_c_float)) * (dov - delta(delta_row + i))
               !$omp simd
               do c = 0, d - 1
-                dK(c + d*(j + n*(b*kv_heads + g))) = dK(c + d*(j + n*(b*kv_heads + g))) + t2 * &
+                dK(c + d*(j + n*(b*kv_heads + g))) = dK(c + d*(j + n*(b*kv_heads + g))) + t3 * &
                     & Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r)))
               end do
             end do
@@ -338,7 +341,7 @@ contains
     !$omp end parallel do
     ! dV: writes dV; reads Q, K, M, lse, dO
     ! for b, g, j (parallel) / c (simd), r / i / c (simd)
-    !$omp parallel do collapse(3) schedule(static) private(c, r, i, lse_row, Q_row, dO_row, qk, t3)
+    !$omp parallel do collapse(3) schedule(static) private(c, r, i, lse_row, Q_row, dO_row, qk, t4)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do j = 0, n - 1
@@ -356,10 +359,11 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(Q_row + c) * K(c + d*(j + n*(b*kv_heads + g)))
               end do
-              t3 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - lse(lse_row + i))
+              t4 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - max(lse(lse_row + i), &
+                  & -1e+30_c_float))
               !$omp simd
               do c = 0, d - 1
-                dV(c + d*(j + n*(b*kv_heads + g))) = dV(c + d*(j + n*(b*kv_heads + g))) + t3 * &
+                dV(c + d*(j + n*(b*kv_heads + g))) = dV(c + d*(j + n*(b*kv_heads + g))) + t4 * &
                     & dO(dO_row + c)
               end do
             end do

@@ -12,7 +12,7 @@
  *                         scale
  *                         * exp(
  *                             (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j2 c2> psi K)) if (<i j2> psi M) > 0.0 else -inf)
- *                             - (<b g r i> psi lse)
+ *                             - max((<b g r i> psi lse), -1e+30)
  *                         )
  *                         * (sum[c3 < d]((<b g r i c3> psi dO) * (<b g j2 c3> psi V))
  *                         - (<b g r i> psi delta))
@@ -23,7 +23,7 @@
  *                          scale
  *                          * exp(
  *                              (scale * sum[c5 < d]((<b g r2 i2 c5> psi Q) * (<b g j c5> psi K)) if (<i2 j> psi M) > 0.0 else -inf)
- *                              - (<b g r2 i2> psi lse)
+ *                              - max((<b g r2 i2> psi lse), -1e+30)
  *                          )
  *                          * (sum[c6 < d]((<b g r2 i2 c6> psi dO) * (<b g j c6> psi V))
  *                          - (<b g r2 i2> psi delta))
@@ -34,7 +34,7 @@
  *                      sum[i3 < n_q](
  *                          exp(
  *                              (scale * sum[c7 < d]((<b g r3 i3 c7> psi Q) * (<b g j c7> psi K)) if (<i3 j> psi M) > 0.0 else -inf)
- *                              - (<b g r3 i3> psi lse)
+ *                              - max((<b g r3 i3> psi lse), -1e+30)
  *                          )
  *                          * (<b g r3 i3 c> psi dO)
  *                      )
@@ -51,6 +51,10 @@
 double exp(double) __attribute__((__simd__("notinbranch")));
 float expf(float) __attribute__((__simd__("notinbranch")));
 #endif
+
+/* max and min by comparison: inlined and vectorized, where fmax/fmin would be library calls */
+static inline double max_double(double a, double b) { return a > b ? a : b; }
+static inline float max_float(float a, float b) { return a > b ? a : b; }
 
 /* exp_flushed (moagen.steps.loop.flush_exp): exp(x), or 0 where x is below -700 (float: -80),
  * as the exponential of x clamped at a floor inside glibc's vector exp's fast path, which a
@@ -560,12 +564,12 @@ void attention_cross_bwd_bool2d_flash_f64(
                                     double dov_3 = dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 3) + r)*(64 < n_q ? 64 : n_q)];
                                     double dov_4 = dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 4) + r)*(64 < n_q ? 64 : n_q)];
                                     double dov_5 = dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 5) + r)*(64 < n_q ? 64 : n_q)];
-                                    const double t2_0 = exp_flushed_double(scale * qk_0 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const double t2_1 = exp_flushed_double(scale * qk_1 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 1]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const double t2_2 = exp_flushed_double(scale * qk_2 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 2]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const double t2_3 = exp_flushed_double(scale * qk_3 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 3]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const double t2_4 = exp_flushed_double(scale * qk_4 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 4]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const double t2_5 = exp_flushed_double(scale * qk_5 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 5]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
+                                    const double t2_0 = exp_flushed_double(scale * qk_0 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
+                                    const double t2_1 = exp_flushed_double(scale * qk_1 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 1]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
+                                    const double t2_2 = exp_flushed_double(scale * qk_2 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 2]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
+                                    const double t2_3 = exp_flushed_double(scale * qk_3 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 3]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
+                                    const double t2_4 = exp_flushed_double(scale * qk_4 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 4]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
+                                    const double t2_5 = exp_flushed_double(scale * qk_5 + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + 6*j_in_tile + j_part + 5]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
                                     const double t_0 = scale * t2_0 * (dov_0 - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                                     const double t_1 = scale * t2_1 * (dov_1 - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                                     const double t_2 = scale * t2_2 * (dov_2 - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
@@ -972,7 +976,7 @@ void attention_cross_bwd_bool2d_flash_f64(
                             for (int64_t i = 64*i_blk; i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64); ++i) {
                                 double qk = qk_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)];
                                 double dov = dov_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)];
-                                const double t2 = exp_flushed_double(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j_in + j_part]) * 0xFFF0000000000000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
+                                const double t2 = exp_flushed_double(scale * qk + ((union { uint64_t bits; double value; }){(uint64_t)(1 - M[i*n + j_in + j_part]) * 0xFFF0000000000000u}).value - max_double(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30), moagen_exp_floor);
                                 const double t = scale * t2 * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                                 t2_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)] = t2;
                                 t_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)] = t;
@@ -1805,12 +1809,12 @@ void attention_cross_bwd_bool2d_flash_f32(
                                     float dov_3 = dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 3) + r)*(64 < n_q ? 64 : n_q)];
                                     float dov_4 = dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 4) + r)*(64 < n_q ? 64 : n_q)];
                                     float dov_5 = dov_block[i - 64*i_blk + (group*(6*j_in_tile + j_part + n*(b*kv_heads + g) + 5) + r)*(64 < n_q ? 64 : n_q)];
-                                    const float t2_0 = exp_flushed_float(scale * qk_0 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const float t2_1 = exp_flushed_float(scale * qk_1 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 1]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const float t2_2 = exp_flushed_float(scale * qk_2 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 2]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const float t2_3 = exp_flushed_float(scale * qk_3 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 3]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const float t2_4 = exp_flushed_float(scale * qk_4 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 4]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
-                                    const float t2_5 = exp_flushed_float(scale * qk_5 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 5]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
+                                    const float t2_0 = exp_flushed_float(scale * qk_0 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
+                                    const float t2_1 = exp_flushed_float(scale * qk_1 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 1]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
+                                    const float t2_2 = exp_flushed_float(scale * qk_2 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 2]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
+                                    const float t2_3 = exp_flushed_float(scale * qk_3 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 3]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
+                                    const float t2_4 = exp_flushed_float(scale * qk_4 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 4]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
+                                    const float t2_5 = exp_flushed_float(scale * qk_5 + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + 6*j_in_tile + j_part + 5]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
                                     const float t_0 = scale * t2_0 * (dov_0 - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                                     const float t_1 = scale * t2_1 * (dov_1 - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                                     const float t_2 = scale * t2_2 * (dov_2 - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
@@ -2505,7 +2509,7 @@ void attention_cross_bwd_bool2d_flash_f32(
                             for (int64_t i = 64*i_blk; i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64); ++i) {
                                 float qk = qk_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)];
                                 float dov = dov_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)];
-                                const float t2 = exp_flushed_float(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j_in + j_part]) * 0xFF800000u}).value - lse[i + n_q*(group*(b*kv_heads + g) + r)], moagen_exp_floor);
+                                const float t2 = exp_flushed_float(scale * qk + ((union { uint32_t bits; float value; }){(uint32_t)(1 - M[i*n + j_in + j_part]) * 0xFF800000u}).value - max_float(lse[i + n_q*(group*(b*kv_heads + g) + r)], -1e+30f), moagen_exp_floor);
                                 const float t = scale * t2 * (dov - delta[i + n_q*(group*(b*kv_heads + g) + r)]);
                                 t2_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)] = t2;
                                 t_block[i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*(64 < n_q ? 64 : n_q)] = t;

@@ -11,7 +11,7 @@
 !                         scale
 !                         * exp(
 !                             (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j2 c2> psi K)) if (<i j2> psi M) > 0.0 else -inf)
-!                             - (<b g r i> psi lse)
+!                             - max((<b g r i> psi lse), -1e+30)
 !                         )
 !                         * (sum[c3 < d]((<b g r i c3> psi dO) * (<b g j2 c3> psi V))
 !                         - (<b g r i> psi delta))
@@ -22,7 +22,7 @@
 !                          scale
 !                          * exp(
 !                              (scale * sum[c5 < d]((<b g r2 i2 c5> psi Q) * (<b g j c5> psi K)) if (<i2 j> psi M) > 0.0 else -inf)
-!                              - (<b g r2 i2> psi lse)
+!                              - max((<b g r2 i2> psi lse), -1e+30)
 !                          )
 !                          * (sum[c6 < d]((<b g r2 i2 c6> psi dO) * (<b g j c6> psi V))
 !                          - (<b g r2 i2> psi delta))
@@ -33,7 +33,7 @@
 !                      sum[i3 < n_q](
 !                          exp(
 !                              (scale * sum[c7 < d]((<b g r3 i3 c7> psi Q) * (<b g j c7> psi K)) if (<i3 j> psi M) > 0.0 else -inf)
-!                              - (<b g r3 i3> psi lse)
+!                              - max((<b g r3 i3> psi lse), -1e+30)
 !                          )
 !                          * (<b g r3 i3 c> psi dO)
 !                      )
@@ -1232,35 +1232,35 @@ contains
                         & + g) + 5) + &
       r)*min(64, n_q))
                     t2_0 = merge(0.0_c_double, exp(max(merge(scale * qk_0, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
-                        & -708.0_c_double)), (merge(scale * qk_0, neg_inf, M(i*n + 6*j_in_tile + &
-                        & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                        & -700.0_c_double)
+                        & 6*j_in_tile + j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -1e+30_c_double), -708.0_c_double)), (merge(scale * qk_0, neg_inf, &
+                        & M(i*n + 6*j_in_tile + j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads &
+                        & + g) + r)), -1e+30_c_double)) < -700.0_c_double)
                     t2_1 = merge(0.0_c_double, exp(max(merge(scale * qk_1, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -708.0_c_double)), (merge(scale * qk_1, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 1) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_double), -708.0_c_double)), (merge(scale * qk_1, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 1) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_double)) < -700.0_c_double)
                     t2_2 = merge(0.0_c_double, exp(max(merge(scale * qk_2, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -708.0_c_double)), (merge(scale * qk_2, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 2) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_double), -708.0_c_double)), (merge(scale * qk_2, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 2) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_double)) < -700.0_c_double)
                     t2_3 = merge(0.0_c_double, exp(max(merge(scale * qk_3, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -708.0_c_double)), (merge(scale * qk_3, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 3) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_double), -708.0_c_double)), (merge(scale * qk_3, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 3) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_double)) < -700.0_c_double)
                     t2_4 = merge(0.0_c_double, exp(max(merge(scale * qk_4, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -708.0_c_double)), (merge(scale * qk_4, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 4) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_double), -708.0_c_double)), (merge(scale * qk_4, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 4) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_double)) < -700.0_c_double)
                     t2_5 = merge(0.0_c_double, exp(max(merge(scale * qk_5, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -708.0_c_double)), (merge(scale * qk_5, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r))) < -700.0_c_double)
+                        & 6*j_in_tile + j_part + 5) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_double), -708.0_c_double)), (merge(scale * qk_5, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 5) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_double)) < -700.0_c_double)
                     t_0 = scale * t2_0 * (dov_0 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_1 = scale * t2_1 * (dov_1 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_2 = scale * t2_2 * (dov_2 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
@@ -1962,9 +1962,10 @@ contains
                       & r)*min(64, &
       n_q))
                   t2 = merge(0.0_c_double, exp(max(merge(scale * qk, neg_inf, M(i*n + j_in + &
-                      & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
-                      & -708.0_c_double)), (merge(scale * qk, neg_inf, M(i*n + j_in + j_part) > &
-                      & 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -700.0_c_double)
+                      & j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                      & -1e+30_c_double), -708.0_c_double)), (merge(scale * qk, neg_inf, M(i*n + &
+                      & j_in + j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                      & -1e+30_c_double)) < -700.0_c_double)
                   t = scale * t2 * (dov - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                   t2_block(i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*min(64, &
       n_q)) = t2
@@ -4097,34 +4098,35 @@ contains
                         & + g) + 5) + &
       r)*min(64, n_q))
                     t2_0 = merge(0.0_c_float, exp(max(merge(scale * qk_0, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
-                        & -87.0_c_float)), (merge(scale * qk_0, neg_inf, M(i*n + 6*j_in_tile + &
-                        & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                        & 6*j_in_tile + j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads + g) + &
+                        & r)), -1e+30_c_float), -87.0_c_float)), (merge(scale * qk_0, neg_inf, &
+                        & M(i*n + 6*j_in_tile + j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads &
+                        & + g) + r)), -1e+30_c_float)) < -80.0_c_float)
                     t2_1 = merge(0.0_c_float, exp(max(merge(scale * qk_1, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -87.0_c_float)), (merge(scale * qk_1, neg_inf, M(i*n + 6*j_in_tile &
-                        & + j_part + 1) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                        & -80.0_c_float)
+                        & 6*j_in_tile + j_part + 1) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_float), -87.0_c_float)), (merge(scale * qk_1, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 1) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_float)) < -80.0_c_float)
                     t2_2 = merge(0.0_c_float, exp(max(merge(scale * qk_2, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -87.0_c_float)), (merge(scale * qk_2, neg_inf, M(i*n + 6*j_in_tile &
-                        & + j_part + 2) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                        & -80.0_c_float)
+                        & 6*j_in_tile + j_part + 2) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_float), -87.0_c_float)), (merge(scale * qk_2, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 2) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_float)) < -80.0_c_float)
                     t2_3 = merge(0.0_c_float, exp(max(merge(scale * qk_3, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -87.0_c_float)), (merge(scale * qk_3, neg_inf, M(i*n + 6*j_in_tile &
-                        & + j_part + 3) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                        & -80.0_c_float)
+                        & 6*j_in_tile + j_part + 3) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_float), -87.0_c_float)), (merge(scale * qk_3, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 3) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_float)) < -80.0_c_float)
                     t2_4 = merge(0.0_c_float, exp(max(merge(scale * qk_4, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -87.0_c_float)), (merge(scale * qk_4, neg_inf, M(i*n + 6*j_in_tile &
-                        & + j_part + 4) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                        & -80.0_c_float)
+                        & 6*j_in_tile + j_part + 4) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_float), -87.0_c_float)), (merge(scale * qk_4, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 4) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_float)) < -80.0_c_float)
                     t2_5 = merge(0.0_c_float, exp(max(merge(scale * qk_5, neg_inf, M(i*n + &
-                        & 6*j_in_tile + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + &
-                        & r)), -87.0_c_float)), (merge(scale * qk_5, neg_inf, M(i*n + 6*j_in_tile &
-                        & + j_part + 5) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r))) < &
-                        & -80.0_c_float)
+                        & 6*j_in_tile + j_part + 5) > 0) - max(lse(i + n_q*(group*(b*kv_heads + &
+                        & g) + r)), -1e+30_c_float), -87.0_c_float)), (merge(scale * qk_5, &
+                        & neg_inf, M(i*n + 6*j_in_tile + j_part + 5) > 0) - max(lse(i + &
+                        & n_q*(group*(b*kv_heads + g) + r)), -1e+30_c_float)) < -80.0_c_float)
                     t_0 = scale * t2_0 * (dov_0 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_1 = scale * t2_1 * (dov_1 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                     t_2 = scale * t2_2 * (dov_2 - delta(i + n_q*(group*(b*kv_heads + g) + r)))
@@ -5306,9 +5308,10 @@ contains
                       & r)*min(64, &
       n_q))
                   t2 = merge(0.0_c_float, exp(max(merge(scale * qk, neg_inf, M(i*n + j_in + &
-                      & j_part) > 0) - lse(i + n_q*(group*(b*kv_heads + g) + r)), &
-                      & -87.0_c_float)), (merge(scale * qk, neg_inf, M(i*n + j_in + j_part) > 0) &
-                      & - lse(i + n_q*(group*(b*kv_heads + g) + r))) < -80.0_c_float)
+                      & j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                      & -1e+30_c_float), -87.0_c_float)), (merge(scale * qk, neg_inf, M(i*n + &
+                      & j_in + j_part) > 0) - max(lse(i + n_q*(group*(b*kv_heads + g) + r)), &
+                      & -1e+30_c_float)) < -80.0_c_float)
                   t = scale * t2 * (dov - delta(i + n_q*(group*(b*kv_heads + g) + r)))
                   t2_block(i - 64*i_blk + (group*(j_in + j_part + n*(b*kv_heads + g)) + r)*min(64, &
       n_q)) = t2

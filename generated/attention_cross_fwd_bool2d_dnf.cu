@@ -8,29 +8,44 @@
  * O[b, g, r, i, c] = sum[j < n](
  *                        exp(
  *                            (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j c2> psi K)) if (<i j> psi M) > 0.0 else -inf)
- *                            - max[j2 < n](
- *                                (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+ *                            - max(
+ *                                max[j2 < n](
+ *                                    (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+ *                                ),
+ *                                -1e+30
  *                            )
  *                        )
- *                        / sum[j3 < n](
- *                            exp(
- *                                (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
- *                                - max[j4 < n](
- *                                    (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+ *                        / max(
+ *                            sum[j3 < n](
+ *                                exp(
+ *                                    (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
+ *                                    - max(
+ *                                        max[j4 < n](
+ *                                            (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+ *                                        ),
+ *                                        -1e+30
+ *                                    )
  *                                )
- *                            )
+ *                            ),
+ *                            1.0
  *                        )
  *                        * (<b g j c> psi V)
  *                    )
- * lse[b, g, r, i] = max[j5 < n](
- *                       (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+ * lse[b, g, r, i] = max(
+ *                       max[j5 < n](
+ *                           (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+ *                       ),
+ *                       -1e+30
  *                   )
  *                   + log(
  *                       sum[j6 < n](
  *                           exp(
  *                               (scale * sum[c7 < d]((<b g r i c7> psi Q) * (<b g j6 c7> psi K)) if (<i j6> psi M) > 0.0 else -inf)
- *                               - max[j7 < n](
- *                                   (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+ *                               - max(
+ *                                   max[j7 < n](
+ *                                       (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+ *                                   ),
+ *                                   -1e+30
  *                               )
  *                           )
  *                       )
@@ -96,6 +111,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f64_rows(
         }
         row_max = fmax(row_max, (M[i*n + j] > 0 ? scale * qk : -INFINITY));
     }
+    const double t = fmax(row_max, -1e+30);
     double row_sum = 0.0;
     for (int64_t j = 0; j < n; ++j) {
         const int64_t K_row = d*(j + n*(b*kv_heads + g));
@@ -103,8 +119,9 @@ __global__ void attention_cross_fwd_bool2d_dnf_f64_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        row_sum += exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max);
+        row_sum += exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - t);
     }
+    const double t3 = fmax(row_sum, 1.0);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t K_row = d*(j + n*(b*kv_heads + g));
         const int64_t V_row = d*(j + n*(b*kv_heads + g));
@@ -112,12 +129,12 @@ __global__ void attention_cross_fwd_bool2d_dnf_f64_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        const double t = exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max) / row_sum;
+        const double t2 = exp((M[i*n + j] > 0 ? scale * qk : -INFINITY) - t) / t3;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
+            O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t2 * V[V_row + c];
         }
     }
-    lse[lse_row + i] = row_max + log(row_sum);
+    lse[lse_row + i] = t + log(row_sum);
 }
 
 /* Queues the nests in order on `stream` (0: the legacy default stream) of the current
@@ -191,6 +208,7 @@ __global__ void attention_cross_fwd_bool2d_dnf_f32_rows(
         }
         row_max = fmaxf(row_max, (M[i*n + j] > 0 ? scale * qk : -INFINITY));
     }
+    const float t = fmaxf(row_max, -1e+30f);
     float row_sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
         const int64_t K_row = d*(j + n*(b*kv_heads + g));
@@ -198,8 +216,9 @@ __global__ void attention_cross_fwd_bool2d_dnf_f32_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        row_sum += expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max);
+        row_sum += expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - t);
     }
+    const float t3 = fmaxf(row_sum, 1.0f);
     for (int64_t j = 0; j < n; ++j) {
         const int64_t K_row = d*(j + n*(b*kv_heads + g));
         const int64_t V_row = d*(j + n*(b*kv_heads + g));
@@ -207,12 +226,12 @@ __global__ void attention_cross_fwd_bool2d_dnf_f32_rows(
         for (int64_t c = 0; c < d; ++c) {
             qk += Q[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] * K[K_row + c];
         }
-        const float t = expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - row_max) / row_sum;
+        const float t2 = expf((M[i*n + j] > 0 ? scale * qk : -INFINITY) - t) / t3;
         for (int64_t c = 0; c < d; ++c) {
-            O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
+            O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t2 * V[V_row + c];
         }
     }
-    lse[lse_row + i] = row_max + logf(row_sum);
+    lse[lse_row + i] = t + logf(row_sum);
 }
 
 /* Queues the nests in order on `stream` (0: the legacy default stream) of the current

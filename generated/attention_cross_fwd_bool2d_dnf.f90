@@ -7,29 +7,44 @@
 ! O[b, g, r, i, c] = sum[j < n](
 !                        exp(
 !                            (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j c2> psi K)) if (<i j> psi M) > 0.0 else -inf)
-!                            - max[j2 < n](
-!                                (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+!                            - max(
+!                                max[j2 < n](
+!                                    (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+!                                ),
+!                                -1e+30
 !                            )
 !                        )
-!                        / sum[j3 < n](
-!                            exp(
-!                                (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
-!                                - max[j4 < n](
-!                                    (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+!                        / max(
+!                            sum[j3 < n](
+!                                exp(
+!                                    (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
+!                                    - max(
+!                                        max[j4 < n](
+!                                            (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+!                                        ),
+!                                        -1e+30
+!                                    )
 !                                )
-!                            )
+!                            ),
+!                            1.0
 !                        )
 !                        * (<b g j c> psi V)
 !                    )
-! lse[b, g, r, i] = max[j5 < n](
-!                       (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+! lse[b, g, r, i] = max(
+!                       max[j5 < n](
+!                           (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+!                       ),
+!                       -1e+30
 !                   )
 !                   + log(
 !                       sum[j6 < n](
 !                           exp(
 !                               (scale * sum[c7 < d]((<b g r i c7> psi Q) * (<b g j6 c7> psi K)) if (<i j6> psi M) > 0.0 else -inf)
-!                               - max[j7 < n](
-!                                   (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+!                               - max(
+!                                   max[j7 < n](
+!                                       (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+!                                   ),
+!                                   -1e+30
 !                               )
 !                           )
 !                       )
@@ -54,7 +69,7 @@ contains
     real(c_double), intent(out) :: O(0:batch * kv_heads * group * n_q * d - 1)
     real(c_double), intent(out) :: lse(0:batch * kv_heads * group * n_q - 1)
     integer(c_int64_t) :: b, g, r, i, c, j, lse_row, K_row, V_row
-    real(c_double) :: row_max, qk, row_sum, t
+    real(c_double) :: row_max, qk, t, row_sum, t3, t2
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -69,8 +84,10 @@ contains
     !$omp&   V_row, &
     !$omp&   row_max, &
     !$omp&   qk, &
+    !$omp&   t, &
     !$omp&   row_sum, &
-    !$omp&   t)
+    !$omp&   t3, &
+    !$omp&   t2)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -90,6 +107,7 @@ contains
               end do
               row_max = max(row_max, merge(scale * qk, neg_inf, M(i*n + j) > 0))
             end do
+            t = max(row_max, -1e+30_c_double)
             row_sum = 0.0_c_double
             do j = 0, n - 1
               K_row = d*(j + n*(b*kv_heads + g))
@@ -98,8 +116,9 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max)
+              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - t)
             end do
+            t3 = max(row_sum, 1.0_c_double)
             do j = 0, n - 1
               K_row = d*(j + n*(b*kv_heads + g))
               V_row = d*(j + n*(b*kv_heads + g))
@@ -108,14 +127,14 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              t = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max) / row_sum
+              t2 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - t) / t3
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
-                    & n_q*(group*(b*kv_heads + g) + r))) + t * V(V_row + c)
+                    & n_q*(group*(b*kv_heads + g) + r))) + t2 * V(V_row + c)
               end do
             end do
-            lse(lse_row + i) = row_max + log(row_sum)
+            lse(lse_row + i) = t + log(row_sum)
           end do
         end do
       end do
@@ -135,7 +154,7 @@ contains
     real(c_float), intent(out) :: O(0:batch * kv_heads * group * n_q * d - 1)
     real(c_float), intent(out) :: lse(0:batch * kv_heads * group * n_q - 1)
     integer(c_int64_t) :: b, g, r, i, c, j, lse_row, K_row, V_row
-    real(c_float) :: row_max, qk, row_sum, t
+    real(c_float) :: row_max, qk, t, row_sum, t3, t2
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -150,8 +169,10 @@ contains
     !$omp&   V_row, &
     !$omp&   row_max, &
     !$omp&   qk, &
+    !$omp&   t, &
     !$omp&   row_sum, &
-    !$omp&   t)
+    !$omp&   t3, &
+    !$omp&   t2)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -171,6 +192,7 @@ contains
               end do
               row_max = max(row_max, merge(scale * qk, neg_inf, M(i*n + j) > 0))
             end do
+            t = max(row_max, -1e+30_c_float)
             row_sum = 0.0_c_float
             do j = 0, n - 1
               K_row = d*(j + n*(b*kv_heads + g))
@@ -179,8 +201,9 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max)
+              row_sum = row_sum + exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - t)
             end do
+            t3 = max(row_sum, 1.0_c_float)
             do j = 0, n - 1
               K_row = d*(j + n*(b*kv_heads + g))
               V_row = d*(j + n*(b*kv_heads + g))
@@ -189,14 +212,14 @@ contains
               do c = 0, d - 1
                 qk = qk + Q(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) * K(K_row + c)
               end do
-              t = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - row_max) / row_sum
+              t2 = exp(merge(scale * qk, neg_inf, M(i*n + j) > 0) - t) / t3
               !$omp simd
               do c = 0, d - 1
                 O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
-                    & n_q*(group*(b*kv_heads + g) + r))) + t * V(V_row + c)
+                    & n_q*(group*(b*kv_heads + g) + r))) + t2 * V(V_row + c)
               end do
             end do
-            lse(lse_row + i) = row_max + log(row_sum)
+            lse(lse_row + i) = t + log(row_sum)
           end do
         end do
       end do

@@ -9,29 +9,44 @@
  * O[b, g, r, i, c] = sum[j < n](
  *                        exp(
  *                            (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j c2> psi K)) if (<i j> psi M) > 0.0 else -inf)
- *                            - max[j2 < n](
- *                                (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+ *                            - max(
+ *                                max[j2 < n](
+ *                                    (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+ *                                ),
+ *                                -1e+30
  *                            )
  *                        )
- *                        / sum[j3 < n](
- *                            exp(
- *                                (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
- *                                - max[j4 < n](
- *                                    (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+ *                        / max(
+ *                            sum[j3 < n](
+ *                                exp(
+ *                                    (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
+ *                                    - max(
+ *                                        max[j4 < n](
+ *                                            (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+ *                                        ),
+ *                                        -1e+30
+ *                                    )
  *                                )
- *                            )
+ *                            ),
+ *                            1.0
  *                        )
  *                        * (<b g j c> psi V)
  *                    )
- * lse[b, g, r, i] = max[j5 < n](
- *                       (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+ * lse[b, g, r, i] = max(
+ *                       max[j5 < n](
+ *                           (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+ *                       ),
+ *                       -1e+30
  *                   )
  *                   + log(
  *                       sum[j6 < n](
  *                           exp(
  *                               (scale * sum[c7 < d]((<b g r i c7> psi Q) * (<b g j6 c7> psi K)) if (<i j6> psi M) > 0.0 else -inf)
- *                               - max[j7 < n](
- *                                   (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+ *                               - max(
+ *                                   max[j7 < n](
+ *                                       (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+ *                                   ),
+ *                                   -1e+30
  *                               )
  *                           )
  *                       )
@@ -141,12 +156,12 @@ void attention_cross_fwd_bool2d_flash_f64(
                         O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] = 0.0;
                         O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] = 0.0;
                     }
-                    double row_max_0 = -INFINITY;
-                    double row_max_1 = -INFINITY;
-                    double row_max_2 = -INFINITY;
-                    double row_max_3 = -INFINITY;
-                    double row_max_4 = -INFINITY;
-                    double row_max_5 = -INFINITY;
+                    double t_0 = -1e+30;
+                    double t_1 = -1e+30;
+                    double t_2 = -1e+30;
+                    double t_3 = -1e+30;
+                    double t_4 = -1e+30;
+                    double t_5 = -1e+30;
                     double row_sum_0 = 0.0;
                     double row_sum_1 = 0.0;
                     double row_sum_2 = 0.0;
@@ -390,24 +405,24 @@ void attention_cross_fwd_bool2d_flash_f64(
                             block_max_4 = max_double(block_max_4, probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*(64 < n ? 64 : n)]);
                             block_max_5 = max_double(block_max_5, probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*(64 < n ? 64 : n)]);
                         }
-                        const double new_max_0 = max_double(row_max_0, block_max_0);
-                        const double new_max_1 = max_double(row_max_1, block_max_1);
-                        const double new_max_2 = max_double(row_max_2, block_max_2);
-                        const double new_max_3 = max_double(row_max_3, block_max_3);
-                        const double new_max_4 = max_double(row_max_4, block_max_4);
-                        const double new_max_5 = max_double(row_max_5, block_max_5);
+                        const double new_max_0 = max_double(t_0, block_max_0);
+                        const double new_max_1 = max_double(t_1, block_max_1);
+                        const double new_max_2 = max_double(t_2, block_max_2);
+                        const double new_max_3 = max_double(t_3, block_max_3);
+                        const double new_max_4 = max_double(t_4, block_max_4);
+                        const double new_max_5 = max_double(t_5, block_max_5);
                         const double shift_0 = (new_max_0 > -INFINITY ? new_max_0 : 0.0);
                         const double shift_1 = (new_max_1 > -INFINITY ? new_max_1 : 0.0);
                         const double shift_2 = (new_max_2 > -INFINITY ? new_max_2 : 0.0);
                         const double shift_3 = (new_max_3 > -INFINITY ? new_max_3 : 0.0);
                         const double shift_4 = (new_max_4 > -INFINITY ? new_max_4 : 0.0);
                         const double shift_5 = (new_max_5 > -INFINITY ? new_max_5 : 0.0);
-                        const double rescale_0 = exp_flushed_double(row_max_0 - shift_0, moagen_exp_floor);
-                        const double rescale_1 = exp_flushed_double(row_max_1 - shift_1, moagen_exp_floor);
-                        const double rescale_2 = exp_flushed_double(row_max_2 - shift_2, moagen_exp_floor);
-                        const double rescale_3 = exp_flushed_double(row_max_3 - shift_3, moagen_exp_floor);
-                        const double rescale_4 = exp_flushed_double(row_max_4 - shift_4, moagen_exp_floor);
-                        const double rescale_5 = exp_flushed_double(row_max_5 - shift_5, moagen_exp_floor);
+                        const double rescale_0 = exp_flushed_double(t_0 - shift_0, moagen_exp_floor);
+                        const double rescale_1 = exp_flushed_double(t_1 - shift_1, moagen_exp_floor);
+                        const double rescale_2 = exp_flushed_double(t_2 - shift_2, moagen_exp_floor);
+                        const double rescale_3 = exp_flushed_double(t_3 - shift_3, moagen_exp_floor);
+                        const double rescale_4 = exp_flushed_double(t_4 - shift_4, moagen_exp_floor);
+                        const double rescale_5 = exp_flushed_double(t_5 - shift_5, moagen_exp_floor);
                         #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = exp_flushed_double(probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] - shift_0, moagen_exp_floor);
@@ -597,43 +612,49 @@ void attention_cross_fwd_bool2d_flash_f64(
                         }
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             const int64_t V_row = d*(j + n*(b*kv_heads + g));
-                            const double t_0 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
-                            const double t_1 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
-                            const double t_2 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
-                            const double t_3 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
-                            const double t_4 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*(64 < n ? 64 : n)];
-                            const double t_5 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*(64 < n ? 64 : n)];
+                            const double t2_0 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+                            const double t2_1 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+                            const double t2_2 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+                            const double t2_3 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
+                            const double t2_4 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*(64 < n ? 64 : n)];
+                            const double t2_5 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*(64 < n ? 64 : n)];
                             for (int64_t c = 8*((d) / 8); c < d; ++c) {
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] += t_0 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] += t_1 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] += t_2 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] += t_3 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] += t_4 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] += t_5 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] += t2_0 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] += t2_1 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] += t2_2 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] += t2_3 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] += t2_4 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] += t2_5 * V[V_row + c];
                             }
                         }
-                        row_max_0 = new_max_0;
-                        row_max_1 = new_max_1;
-                        row_max_2 = new_max_2;
-                        row_max_3 = new_max_3;
-                        row_max_4 = new_max_4;
-                        row_max_5 = new_max_5;
+                        t_0 = new_max_0;
+                        t_1 = new_max_1;
+                        t_2 = new_max_2;
+                        t_3 = new_max_3;
+                        t_4 = new_max_4;
+                        t_5 = new_max_5;
                     }
+                    const double t3_0 = max_double(row_sum_0, 1.0);
+                    const double t3_1 = max_double(row_sum_1, 1.0);
+                    const double t3_2 = max_double(row_sum_2, 1.0);
+                    const double t3_3 = max_double(row_sum_3, 1.0);
+                    const double t3_4 = max_double(row_sum_4, 1.0);
+                    const double t3_5 = max_double(row_sum_5, 1.0);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] / row_sum_0;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] / row_sum_1;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] / row_sum_2;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] / row_sum_3;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] / row_sum_4;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] / row_sum_5;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] / t3_0;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] / t3_1;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] / t3_2;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] / t3_3;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] / t3_4;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] / t3_5;
                     }
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r)] = row_max_0 + log(row_sum_0);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1] = row_max_1 + log(row_sum_1);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2] = row_max_2 + log(row_sum_2);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3] = row_max_3 + log(row_sum_3);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4] = row_max_4 + log(row_sum_4);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5] = row_max_5 + log(row_sum_5);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r)] = t_0 + log(row_sum_0);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1] = t_1 + log(row_sum_1);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2] = t_2 + log(row_sum_2);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3] = t_3 + log(row_sum_3);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4] = t_4 + log(row_sum_4);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5] = t_5 + log(row_sum_5);
                 }
             }
         }
@@ -652,8 +673,8 @@ void attention_cross_fwd_bool2d_flash_f64(
                         O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] = 0.0;
                         O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] = 0.0;
                     }
-                    double row_max_0b = -INFINITY;
-                    double row_max_1b = -INFINITY;
+                    double t_0b = -1e+30;
+                    double t_1b = -1e+30;
                     double row_sum_0b = 0.0;
                     double row_sum_1b = 0.0;
                     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
@@ -745,12 +766,12 @@ void attention_cross_fwd_bool2d_flash_f64(
                             block_max_0b = max_double(block_max_0b, probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)]);
                             block_max_1b = max_double(block_max_1b, probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)*(64 < n ? 64 : n)]);
                         }
-                        const double new_max_0b = max_double(row_max_0b, block_max_0b);
-                        const double new_max_1b = max_double(row_max_1b, block_max_1b);
+                        const double new_max_0b = max_double(t_0b, block_max_0b);
+                        const double new_max_1b = max_double(t_1b, block_max_1b);
                         const double shift_0b = (new_max_0b > -INFINITY ? new_max_0b : 0.0);
                         const double shift_1b = (new_max_1b > -INFINITY ? new_max_1b : 0.0);
-                        const double rescale_0b = exp_flushed_double(row_max_0b - shift_0b, moagen_exp_floor);
-                        const double rescale_1b = exp_flushed_double(row_max_1b - shift_1b, moagen_exp_floor);
+                        const double rescale_0b = exp_flushed_double(t_0b - shift_0b, moagen_exp_floor);
+                        const double rescale_1b = exp_flushed_double(t_1b - shift_1b, moagen_exp_floor);
                         #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)] = exp_flushed_double(probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)] - shift_0b, moagen_exp_floor);
@@ -824,23 +845,25 @@ void attention_cross_fwd_bool2d_flash_f64(
                         }
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             const int64_t V_row = d*(j + n*(b*kv_heads + g));
-                            const double t_0b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)];
-                            const double t_1b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)*(64 < n ? 64 : n)];
+                            const double t2_0b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)];
+                            const double t2_1b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)*(64 < n ? 64 : n)];
                             for (int64_t c = 8*((d) / 8); c < d; ++c) {
-                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] += t_0b * V[V_row + c];
-                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] += t_1b * V[V_row + c];
+                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] += t2_0b * V[V_row + c];
+                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] += t2_1b * V[V_row + c];
                             }
                         }
-                        row_max_0b = new_max_0b;
-                        row_max_1b = new_max_1b;
+                        t_0b = new_max_0b;
+                        t_1b = new_max_1b;
                     }
+                    const double t3_0b = max_double(row_sum_0b, 1.0);
+                    const double t3_1b = max_double(row_sum_1b, 1.0);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] / row_sum_0b;
-                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] / row_sum_1b;
+                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] / t3_0b;
+                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] / t3_1b;
                     }
-                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)] = row_max_0b + log(row_sum_0b);
-                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1] = row_max_1b + log(row_sum_1b);
+                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)] = t_0b + log(row_sum_0b);
+                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1] = t_1b + log(row_sum_1b);
                 }
             }
         }
@@ -859,7 +882,7 @@ void attention_cross_fwd_bool2d_flash_f64(
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = 0.0;
                     }
-                    double row_max = -INFINITY;
+                    double t = -1e+30;
                     double row_sum = 0.0;
                     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                         for (int64_t j_tile = 8*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 8); ++j_tile) {
@@ -913,9 +936,9 @@ void attention_cross_fwd_bool2d_flash_f64(
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             block_max = max_double(block_max, probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)]);
                         }
-                        const double new_max = max_double(row_max, block_max);
+                        const double new_max = max_double(t, block_max);
                         const double shift = (new_max > -INFINITY ? new_max : 0.0);
-                        const double rescale = exp_flushed_double(row_max - shift, moagen_exp_floor);
+                        const double rescale = exp_flushed_double(t - shift, moagen_exp_floor);
                         #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = exp_flushed_double(probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] - shift, moagen_exp_floor);
@@ -961,19 +984,20 @@ void attention_cross_fwd_bool2d_flash_f64(
                         }
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             const int64_t V_row = d*(j + n*(b*kv_heads + g));
-                            const double t = probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+                            const double t2 = probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
                             #pragma omp simd
                             for (int64_t c = 8*((d) / 8); c < d; ++c) {
-                                O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
+                                O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t2 * V[V_row + c];
                             }
                         }
-                        row_max = new_max;
+                        t = new_max;
                     }
+                    const double t3 = max_double(row_sum, 1.0);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] / row_sum;
+                        O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] / t3;
                     }
-                    lse[lse_row + i] = row_max + log(row_sum);
+                    lse[lse_row + i] = t + log(row_sum);
                 }
             }
         }
@@ -1053,12 +1077,12 @@ void attention_cross_fwd_bool2d_flash_f32(
                         O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] = 0.0f;
                         O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] = 0.0f;
                     }
-                    float row_max_0 = -INFINITY;
-                    float row_max_1 = -INFINITY;
-                    float row_max_2 = -INFINITY;
-                    float row_max_3 = -INFINITY;
-                    float row_max_4 = -INFINITY;
-                    float row_max_5 = -INFINITY;
+                    float t_0 = -1e+30f;
+                    float t_1 = -1e+30f;
+                    float t_2 = -1e+30f;
+                    float t_3 = -1e+30f;
+                    float t_4 = -1e+30f;
+                    float t_5 = -1e+30f;
                     float row_sum_0 = 0.0f;
                     float row_sum_1 = 0.0f;
                     float row_sum_2 = 0.0f;
@@ -1494,24 +1518,24 @@ void attention_cross_fwd_bool2d_flash_f32(
                             block_max_4 = max_float(block_max_4, probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*(64 < n ? 64 : n)]);
                             block_max_5 = max_float(block_max_5, probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*(64 < n ? 64 : n)]);
                         }
-                        const float new_max_0 = max_float(row_max_0, block_max_0);
-                        const float new_max_1 = max_float(row_max_1, block_max_1);
-                        const float new_max_2 = max_float(row_max_2, block_max_2);
-                        const float new_max_3 = max_float(row_max_3, block_max_3);
-                        const float new_max_4 = max_float(row_max_4, block_max_4);
-                        const float new_max_5 = max_float(row_max_5, block_max_5);
+                        const float new_max_0 = max_float(t_0, block_max_0);
+                        const float new_max_1 = max_float(t_1, block_max_1);
+                        const float new_max_2 = max_float(t_2, block_max_2);
+                        const float new_max_3 = max_float(t_3, block_max_3);
+                        const float new_max_4 = max_float(t_4, block_max_4);
+                        const float new_max_5 = max_float(t_5, block_max_5);
                         const float shift_0 = (new_max_0 > -INFINITY ? new_max_0 : 0.0f);
                         const float shift_1 = (new_max_1 > -INFINITY ? new_max_1 : 0.0f);
                         const float shift_2 = (new_max_2 > -INFINITY ? new_max_2 : 0.0f);
                         const float shift_3 = (new_max_3 > -INFINITY ? new_max_3 : 0.0f);
                         const float shift_4 = (new_max_4 > -INFINITY ? new_max_4 : 0.0f);
                         const float shift_5 = (new_max_5 > -INFINITY ? new_max_5 : 0.0f);
-                        const float rescale_0 = exp_flushed_float(row_max_0 - shift_0, moagen_exp_floor);
-                        const float rescale_1 = exp_flushed_float(row_max_1 - shift_1, moagen_exp_floor);
-                        const float rescale_2 = exp_flushed_float(row_max_2 - shift_2, moagen_exp_floor);
-                        const float rescale_3 = exp_flushed_float(row_max_3 - shift_3, moagen_exp_floor);
-                        const float rescale_4 = exp_flushed_float(row_max_4 - shift_4, moagen_exp_floor);
-                        const float rescale_5 = exp_flushed_float(row_max_5 - shift_5, moagen_exp_floor);
+                        const float rescale_0 = exp_flushed_float(t_0 - shift_0, moagen_exp_floor);
+                        const float rescale_1 = exp_flushed_float(t_1 - shift_1, moagen_exp_floor);
+                        const float rescale_2 = exp_flushed_float(t_2 - shift_2, moagen_exp_floor);
+                        const float rescale_3 = exp_flushed_float(t_3 - shift_3, moagen_exp_floor);
+                        const float rescale_4 = exp_flushed_float(t_4 - shift_4, moagen_exp_floor);
+                        const float rescale_5 = exp_flushed_float(t_5 - shift_5, moagen_exp_floor);
                         #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = exp_flushed_float(probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] - shift_0, moagen_exp_floor);
@@ -1845,43 +1869,49 @@ void attention_cross_fwd_bool2d_flash_f32(
                         }
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             const int64_t V_row = d*(j + n*(b*kv_heads + g));
-                            const float t_0 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
-                            const float t_1 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
-                            const float t_2 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
-                            const float t_3 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
-                            const float t_4 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*(64 < n ? 64 : n)];
-                            const float t_5 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*(64 < n ? 64 : n)];
+                            const float t2_0 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+                            const float t2_1 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)*(64 < n ? 64 : n)];
+                            const float t2_2 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)*(64 < n ? 64 : n)];
+                            const float t2_3 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)*(64 < n ? 64 : n)];
+                            const float t2_4 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)*(64 < n ? 64 : n)];
+                            const float t2_5 = probs[j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)*(64 < n ? 64 : n)];
                             for (int64_t c = 16*((d) / 16); c < d; ++c) {
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] += t_0 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] += t_1 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] += t_2 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] += t_3 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] += t_4 * V[V_row + c];
-                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] += t_5 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] += t2_0 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] += t2_1 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] += t2_2 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] += t2_3 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] += t2_4 * V[V_row + c];
+                                O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] += t2_5 * V[V_row + c];
                             }
                         }
-                        row_max_0 = new_max_0;
-                        row_max_1 = new_max_1;
-                        row_max_2 = new_max_2;
-                        row_max_3 = new_max_3;
-                        row_max_4 = new_max_4;
-                        row_max_5 = new_max_5;
+                        t_0 = new_max_0;
+                        t_1 = new_max_1;
+                        t_2 = new_max_2;
+                        t_3 = new_max_3;
+                        t_4 = new_max_4;
+                        t_5 = new_max_5;
                     }
+                    const float t3_0 = max_float(row_sum_0, 1.0f);
+                    const float t3_1 = max_float(row_sum_1, 1.0f);
+                    const float t3_2 = max_float(row_sum_2, 1.0f);
+                    const float t3_3 = max_float(row_sum_3, 1.0f);
+                    const float t3_4 = max_float(row_sum_4, 1.0f);
+                    const float t3_5 = max_float(row_sum_5, 1.0f);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] / row_sum_0;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] / row_sum_1;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] / row_sum_2;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] / row_sum_3;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] / row_sum_4;
-                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] / row_sum_5;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))] / t3_0;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)] / t3_1;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)] / t3_2;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)] / t3_3;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)] / t3_4;
+                        O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] = O[c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)] / t3_5;
                     }
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r)] = row_max_0 + logf(row_sum_0);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1] = row_max_1 + logf(row_sum_1);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2] = row_max_2 + logf(row_sum_2);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3] = row_max_3 + logf(row_sum_3);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4] = row_max_4 + logf(row_sum_4);
-                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5] = row_max_5 + logf(row_sum_5);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r)] = t_0 + logf(row_sum_0);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1] = t_1 + logf(row_sum_1);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2] = t_2 + logf(row_sum_2);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3] = t_3 + logf(row_sum_3);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4] = t_4 + logf(row_sum_4);
+                    lse[6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5] = t_5 + logf(row_sum_5);
                 }
             }
         }
@@ -1900,8 +1930,8 @@ void attention_cross_fwd_bool2d_flash_f32(
                         O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] = 0.0f;
                         O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] = 0.0f;
                     }
-                    float row_max_0b = -INFINITY;
-                    float row_max_1b = -INFINITY;
+                    float t_0b = -1e+30f;
+                    float t_1b = -1e+30f;
                     float row_sum_0b = 0.0f;
                     float row_sum_1b = 0.0f;
                     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
@@ -2057,12 +2087,12 @@ void attention_cross_fwd_bool2d_flash_f32(
                             block_max_0b = max_float(block_max_0b, probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)]);
                             block_max_1b = max_float(block_max_1b, probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)*(64 < n ? 64 : n)]);
                         }
-                        const float new_max_0b = max_float(row_max_0b, block_max_0b);
-                        const float new_max_1b = max_float(row_max_1b, block_max_1b);
+                        const float new_max_0b = max_float(t_0b, block_max_0b);
+                        const float new_max_1b = max_float(t_1b, block_max_1b);
                         const float shift_0b = (new_max_0b > -INFINITY ? new_max_0b : 0.0f);
                         const float shift_1b = (new_max_1b > -INFINITY ? new_max_1b : 0.0f);
-                        const float rescale_0b = exp_flushed_float(row_max_0b - shift_0b, moagen_exp_floor);
-                        const float rescale_1b = exp_flushed_float(row_max_1b - shift_1b, moagen_exp_floor);
+                        const float rescale_0b = exp_flushed_float(t_0b - shift_0b, moagen_exp_floor);
+                        const float rescale_1b = exp_flushed_float(t_1b - shift_1b, moagen_exp_floor);
                         #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)] = exp_flushed_float(probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)] - shift_0b, moagen_exp_floor);
@@ -2184,23 +2214,25 @@ void attention_cross_fwd_bool2d_flash_f32(
                         }
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             const int64_t V_row = d*(j + n*(b*kv_heads + g));
-                            const float t_0b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)];
-                            const float t_1b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)*(64 < n ? 64 : n)];
+                            const float t2_0b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))*(64 < n ? 64 : n)];
+                            const float t2_1b = probs[j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)*(64 < n ? 64 : n)];
                             for (int64_t c = 16*((d) / 16); c < d; ++c) {
-                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] += t_0b * V[V_row + c];
-                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] += t_1b * V[V_row + c];
+                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] += t2_0b * V[V_row + c];
+                                O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] += t2_1b * V[V_row + c];
                             }
                         }
-                        row_max_0b = new_max_0b;
-                        row_max_1b = new_max_1b;
+                        t_0b = new_max_0b;
+                        t_1b = new_max_1b;
                     }
+                    const float t3_0b = max_float(row_sum_0b, 1.0f);
+                    const float t3_1b = max_float(row_sum_1b, 1.0f);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] / row_sum_0b;
-                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] / row_sum_1b;
+                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))] / t3_0b;
+                        O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] = O[c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)] / t3_1b;
                     }
-                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)] = row_max_0b + logf(row_sum_0b);
-                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1] = row_max_1b + logf(row_sum_1b);
+                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)] = t_0b + logf(row_sum_0b);
+                    lse[2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1] = t_1b + logf(row_sum_1b);
                 }
             }
         }
@@ -2219,7 +2251,7 @@ void attention_cross_fwd_bool2d_flash_f32(
                     for (int64_t c = 0; c < d; ++c) {
                         O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = 0.0f;
                     }
-                    float row_max = -INFINITY;
+                    float t = -1e+30f;
                     float row_sum = 0.0f;
                     for (int64_t j_blk = 0; j_blk < ((n + 63) / 64); ++j_blk) {
                         for (int64_t j_tile = 4*j_blk; j_tile < (((n < 64*j_blk + 64 ? n : 64*j_blk + 64)) / 16); ++j_tile) {
@@ -2305,9 +2337,9 @@ void attention_cross_fwd_bool2d_flash_f32(
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             block_max = max_float(block_max, probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)]);
                         }
-                        const float new_max = max_float(row_max, block_max);
+                        const float new_max = max_float(t, block_max);
                         const float shift = (new_max > -INFINITY ? new_max : 0.0f);
-                        const float rescale = exp_flushed_float(row_max - shift, moagen_exp_floor);
+                        const float rescale = exp_flushed_float(t - shift, moagen_exp_floor);
                         #pragma omp simd
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] = exp_flushed_float(probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)] - shift, moagen_exp_floor);
@@ -2377,19 +2409,20 @@ void attention_cross_fwd_bool2d_flash_f32(
                         }
                         for (int64_t j = 64*j_blk; j < (n < 64*j_blk + 64 ? n : 64*j_blk + 64); ++j) {
                             const int64_t V_row = d*(j + n*(b*kv_heads + g));
-                            const float t = probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
+                            const float t2 = probs[j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*(64 < n ? 64 : n)];
                             #pragma omp simd
                             for (int64_t c = 16*((d) / 16); c < d; ++c) {
-                                O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t * V[V_row + c];
+                                O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] += t2 * V[V_row + c];
                             }
                         }
-                        row_max = new_max;
+                        t = new_max;
                     }
+                    const float t3 = max_float(row_sum, 1.0f);
                     #pragma omp simd
                     for (int64_t c = 0; c < d; ++c) {
-                        O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] / row_sum;
+                        O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] = O[c + d*(i + n_q*(group*(b*kv_heads + g) + r))] / t3;
                     }
-                    lse[lse_row + i] = row_max + logf(row_sum);
+                    lse[lse_row + i] = t + logf(row_sum);
                 }
             }
         }

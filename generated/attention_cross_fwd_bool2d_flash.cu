@@ -9,29 +9,44 @@
  * O[b, g, r, i, c] = sum[j < n](
  *                        exp(
  *                            (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j c2> psi K)) if (<i j> psi M) > 0.0 else -inf)
- *                            - max[j2 < n](
- *                                (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+ *                            - max(
+ *                                max[j2 < n](
+ *                                    (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+ *                                ),
+ *                                -1e+30
  *                            )
  *                        )
- *                        / sum[j3 < n](
- *                            exp(
- *                                (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
- *                                - max[j4 < n](
- *                                    (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+ *                        / max(
+ *                            sum[j3 < n](
+ *                                exp(
+ *                                    (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
+ *                                    - max(
+ *                                        max[j4 < n](
+ *                                            (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+ *                                        ),
+ *                                        -1e+30
+ *                                    )
  *                                )
- *                            )
+ *                            ),
+ *                            1.0
  *                        )
  *                        * (<b g j c> psi V)
  *                    )
- * lse[b, g, r, i] = max[j5 < n](
- *                       (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+ * lse[b, g, r, i] = max(
+ *                       max[j5 < n](
+ *                           (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+ *                       ),
+ *                       -1e+30
  *                   )
  *                   + log(
  *                       sum[j6 < n](
  *                           exp(
  *                               (scale * sum[c7 < d]((<b g r i c7> psi Q) * (<b g j6 c7> psi K)) if (<i j6> psi M) > 0.0 else -inf)
- *                               - max[j7 < n](
- *                                   (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+ *                               - max(
+ *                                   max[j7 < n](
+ *                                       (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+ *                                   ),
+ *                                   -1e+30
  *                               )
  *                           )
  *                       )
@@ -123,7 +138,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
     MOAGEN_SHARED_AT(double, rows_V_tile, 288*MAX_d, 64*MAX_d + 256);
     MOAGEN_SHARED_AT(double, probs, 832*MAX_d, 2304);
     double O_reg[4][((MAX_d + 63) / 64) * 4];
-    double row_max[4];
+    double t[4];
     double row_sum[4];
     double qk[4][4];
     double block_max[4];
@@ -131,7 +146,8 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
     double shift[4];
     double rescale[4];
     double block_sum[4];
-    double t[4];
+    double t2[4];
+    double t3[4];
     for (int e = ty; e < 32; e += 8) {
         for (int e2 = tx; e2 < d; e2 += 16) {
             rows_Q_tile[e + 36*e2] = (e + 32*i_blk < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32) ? Q[d*(e + 32*i_blk + n_q*(g_r - group*quot2 + group*(b*kv_heads + quot2))) + e2] : 0.0);
@@ -146,7 +162,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        row_max[s_i] = -INFINITY;
+        t[s_i] = -1e+30;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
@@ -209,7 +225,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            new_max[s_i] = fmax(row_max[s_i], block_max[s_i]);
+            new_max[s_i] = fmax(t[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
@@ -217,7 +233,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            rescale[s_i] = exp(row_max[s_i] - shift[s_i]);
+            rescale[s_i] = exp(t[s_i] - shift[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
@@ -270,27 +286,31 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-                t[s_i] = probs[i - 32*i_blk + 36*j - 2304*j_blk];
+                t2[s_i] = probs[i - 32*i_blk + 36*j - 2304*j_blk];
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    O_reg[s_i][s_c] += t[s_i] * rows_V_tile[c + (MAX_d + 4)*(j - 64*j_blk)];
+                    O_reg[s_i][s_c] += t2[s_i] * rows_V_tile[c + (MAX_d + 4)*(j - 64*j_blk)];
                 }
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            row_max[s_i] = new_max[s_i];
+            t[s_i] = new_max[s_i];
         }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        t3[s_i] = fmax(row_sum[s_i], 1.0);
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
+            O_reg[s_i][s_c] = O_reg[s_i][s_c] / t3[s_i];
         }
     }
     #pragma unroll
@@ -305,7 +325,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f64_rows(
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         const int i = 32*i_blk + (s_i / 4 * 8 + ty) * 4 + s_i % 4;
-        if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32)) lse[i + n_q*(g_r - group*quot2 + group*(b*kv_heads + quot2))] = row_max[s_i] + log(row_sum[s_i]);
+        if (i < (n_q < 32*i_blk + 32 ? n_q : 32*i_blk + 32)) lse[i + n_q*(g_r - group*quot2 + group*(b*kv_heads + quot2))] = t[s_i] + log(row_sum[s_i]);
     }
 }
 
@@ -385,7 +405,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
     MOAGEN_SHARED_AT(float, rows_V_tile, 272*MAX_d, 64*MAX_d + 256);
     MOAGEN_SHARED_AT(float, probs, 544*MAX_d, 4352);
     float O_reg[4][((MAX_d + 63) / 64) * 4];
-    float row_max[4];
+    float t[4];
     float row_sum[4];
     float qk[4][4];
     float block_max[4];
@@ -393,7 +413,8 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
     float shift[4];
     float rescale[4];
     float block_sum[4];
-    float t[4];
+    float t2[4];
+    float t3[4];
     for (int e = ty; e < 64; e += 16) {
         for (int e2 = tx; e2 < d; e2 += 16) {
             rows_Q_tile[e + 68*e2] = (e + 64*i_blk < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64) ? Q[d*(e + 64*i_blk + n_q*(g_r - group*quot2 + group*(b*kv_heads + quot2))) + e2] : 0.0f);
@@ -408,7 +429,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
-        row_max[s_i] = -INFINITY;
+        t[s_i] = -1e+30f;
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
@@ -471,7 +492,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            new_max[s_i] = fmaxf(row_max[s_i], block_max[s_i]);
+            new_max[s_i] = fmaxf(t[s_i], block_max[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
@@ -479,7 +500,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            rescale[s_i] = expf(row_max[s_i] - shift[s_i]);
+            rescale[s_i] = expf(t[s_i] - shift[s_i]);
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
@@ -532,27 +553,31 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-                t[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk];
+                t2[s_i] = probs[i - 64*i_blk + 68*j - 4352*j_blk];
             }
             #pragma unroll
             for (int s_i = 0; s_i < 4; ++s_i) {
                 #pragma unroll
                 for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
                     const int c = (s_c / 4 * 16 + tx) * 4 + s_c % 4;
-                    O_reg[s_i][s_c] += t[s_i] * rows_V_tile[c + (MAX_d + 4)*(j - 64*j_blk)];
+                    O_reg[s_i][s_c] += t2[s_i] * rows_V_tile[c + (MAX_d + 4)*(j - 64*j_blk)];
                 }
             }
         }
         #pragma unroll
         for (int s_i = 0; s_i < 4; ++s_i) {
-            row_max[s_i] = new_max[s_i];
+            t[s_i] = new_max[s_i];
         }
+    }
+    #pragma unroll
+    for (int s_i = 0; s_i < 4; ++s_i) {
+        t3[s_i] = fmaxf(row_sum[s_i], 1.0f);
     }
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         #pragma unroll
         for (int s_c = 0; s_c < ((MAX_d + 63) / 64) * 4; ++s_c) {
-            O_reg[s_i][s_c] = O_reg[s_i][s_c] / row_sum[s_i];
+            O_reg[s_i][s_c] = O_reg[s_i][s_c] / t3[s_i];
         }
     }
     #pragma unroll
@@ -567,7 +592,7 @@ __global__ void attention_cross_fwd_bool2d_flash_f32_rows(
     #pragma unroll
     for (int s_i = 0; s_i < 4; ++s_i) {
         const int i = 64*i_blk + (s_i / 4 * 16 + ty) * 4 + s_i % 4;
-        if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) lse[i + n_q*(g_r - group*quot2 + group*(b*kv_heads + quot2))] = row_max[s_i] + logf(row_sum[s_i]);
+        if (i < (n_q < 64*i_blk + 64 ? n_q : 64*i_blk + 64)) lse[i + n_q*(g_r - group*quot2 + group*(b*kv_heads + quot2))] = t[s_i] + logf(row_sum[s_i]);
     }
 }
 

@@ -8,29 +8,44 @@
 ! O[b, g, r, i, c] = sum[j < n](
 !                        exp(
 !                            (scale * sum[c2 < d]((<b g r i c2> psi Q) * (<b g j c2> psi K)) if (<i j> psi M) > 0.0 else -inf)
-!                            - max[j2 < n](
-!                                (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+!                            - max(
+!                                max[j2 < n](
+!                                    (scale * sum[c3 < d]((<b g r i c3> psi Q) * (<b g j2 c3> psi K)) if (<i j2> psi M) > 0.0 else -inf)
+!                                ),
+!                                -1e+30
 !                            )
 !                        )
-!                        / sum[j3 < n](
-!                            exp(
-!                                (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
-!                                - max[j4 < n](
-!                                    (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+!                        / max(
+!                            sum[j3 < n](
+!                                exp(
+!                                    (scale * sum[c4 < d]((<b g r i c4> psi Q) * (<b g j3 c4> psi K)) if (<i j3> psi M) > 0.0 else -inf)
+!                                    - max(
+!                                        max[j4 < n](
+!                                            (scale * sum[c5 < d]((<b g r i c5> psi Q) * (<b g j4 c5> psi K)) if (<i j4> psi M) > 0.0 else -inf)
+!                                        ),
+!                                        -1e+30
+!                                    )
 !                                )
-!                            )
+!                            ),
+!                            1.0
 !                        )
 !                        * (<b g j c> psi V)
 !                    )
-! lse[b, g, r, i] = max[j5 < n](
-!                       (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+! lse[b, g, r, i] = max(
+!                       max[j5 < n](
+!                           (scale * sum[c6 < d]((<b g r i c6> psi Q) * (<b g j5 c6> psi K)) if (<i j5> psi M) > 0.0 else -inf)
+!                       ),
+!                       -1e+30
 !                   )
 !                   + log(
 !                       sum[j6 < n](
 !                           exp(
 !                               (scale * sum[c7 < d]((<b g r i c7> psi Q) * (<b g j6 c7> psi K)) if (<i j6> psi M) > 0.0 else -inf)
-!                               - max[j7 < n](
-!                                   (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+!                               - max(
+!                                   max[j7 < n](
+!                                       (scale * sum[c8 < d]((<b g r i c8> psi Q) * (<b g j7 c8> psi K)) if (<i j7> psi M) > 0.0 else -inf)
+!                                   ),
+!                                   -1e+30
 !                               )
 !                           )
 !                       )
@@ -59,28 +74,28 @@ contains
     real(c_double), intent(out) :: V_panel(0:batch * kv_heads * ((d) / 8) * n * 8 - 1)
     integer(c_int64_t) :: a0, a1, a2, a3, lane, a0b, a1b, a2b, a3b, lane2, b, g, r, i_tile, c, &
         & j_blk, j_tile, j, c_tile, i, K_panel_row, V_panel_row, V_row, K_row, lse_row
-    real(c_double) :: row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, &
-        & row_sum_0, row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, &
-        & qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, &
-        & qk_1_5, qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, &
-        & qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_4_0, qk_4_1, qk_4_2, &
-        & qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, &
-        & qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
-        & block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
-        & new_max_3, new_max_4, new_max_5, shift_0, shift_1, shift_2, shift_3, shift_4, shift_5, &
-        & rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, block_sum_0, &
-        & block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, &
-        & o_4, o_5, o_6, o_7, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, &
-        & o_3c, o_4c, o_5c, o_6c, o_7c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, &
-        & o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, &
-        & o_7f, t_0, t_1, t_2, t_3, t_4, t_5, row_max_0b, row_max_1b, row_sum_0b, row_sum_1b, &
-        & qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_1b_0, &
-        & qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, qk_1b_5, qk_1b_6, qk_1b_7, qk_0b, qk_1b, &
-        & block_max_0b, block_max_1b, new_max_0b, new_max_1b, shift_0b, shift_1b, rescale_0b, &
-        & rescale_1b, block_sum_0b, block_sum_1b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, &
-        & o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, t_0b, t_1b, row_max, row_sum, qk_0c, &
-        & qk_1c, qk_2b, qk_3b, qk_4b, qk_5b, qk_6, qk_7, qk, block_max, new_max, shift, rescale, &
-        & block_sum, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, o_6i, o_7i, t
+    real(c_double) :: t_0, t_1, t_2, t_3, t_4, t_5, row_sum_0, row_sum_1, row_sum_2, row_sum_3, &
+        & row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
+        & qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_2_0, qk_2_1, qk_2_2, &
+        & qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
+        & qk_3_6, qk_3_7, qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_5_0, &
+        & qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_0, qk_1, qk_2, qk_3, qk_4, &
+        & qk_5, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, block_max_5, &
+        & new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, shift_0, shift_1, &
+        & shift_2, shift_3, shift_4, shift_5, rescale_0, rescale_1, rescale_2, rescale_3, &
+        & rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, block_sum_4, &
+        & block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_0b, o_1b, o_2b, o_3b, o_4b, &
+        & o_5b, o_6b, o_7b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_0d, o_1d, o_2d, &
+        & o_3d, o_4d, o_5d, o_6d, o_7d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_0f, &
+        & o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, t2_0, t2_1, t2_2, t2_3, t2_4, t2_5, t3_0, &
+        & t3_1, t3_2, t3_3, t3_4, t3_5, t_0b, t_1b, row_sum_0b, row_sum_1b, qk_0b_0, qk_0b_1, &
+        & qk_0b_2, qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_1b_0, qk_1b_1, qk_1b_2, &
+        & qk_1b_3, qk_1b_4, qk_1b_5, qk_1b_6, qk_1b_7, qk_0b, qk_1b, block_max_0b, block_max_1b, &
+        & new_max_0b, new_max_1b, shift_0b, shift_1b, rescale_0b, rescale_1b, block_sum_0b, &
+        & block_sum_1b, o_0g, o_1g, o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_0h, o_1h, o_2h, o_3h, &
+        & o_4h, o_5h, o_6h, o_7h, t2_0b, t2_1b, t3_0b, t3_1b, t, row_sum, qk_0c, qk_1c, qk_2b, &
+        & qk_3b, qk_4b, qk_5b, qk_6, qk_7, qk, block_max, new_max, shift, rescale, block_sum, &
+        & o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, o_6i, o_7i, t2, t3
     real(c_double) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_double, ieee_negative_inf)
@@ -131,12 +146,12 @@ contains
     !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
-    !$omp&   row_max_0, &
-    !$omp&   row_max_1, &
-    !$omp&   row_max_2, &
-    !$omp&   row_max_3, &
-    !$omp&   row_max_4, &
-    !$omp&   row_max_5, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
     !$omp&   row_sum_0, &
     !$omp&   row_sum_1, &
     !$omp&   row_sum_2, &
@@ -275,12 +290,18 @@ contains
     !$omp&   o_5f, &
     !$omp&   o_6f, &
     !$omp&   o_7f, &
-    !$omp&   t_0, &
-    !$omp&   t_1, &
-    !$omp&   t_2, &
-    !$omp&   t_3, &
-    !$omp&   t_4, &
-    !$omp&   t_5)
+    !$omp&   t2_0, &
+    !$omp&   t2_1, &
+    !$omp&   t2_2, &
+    !$omp&   t2_3, &
+    !$omp&   t2_4, &
+    !$omp&   t2_5, &
+    !$omp&   t3_0, &
+    !$omp&   t3_1, &
+    !$omp&   t3_2, &
+    !$omp&   t3_3, &
+    !$omp&   t3_4, &
+    !$omp&   t3_5)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -294,12 +315,12 @@ contains
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)) = 0.0_c_double
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)) = 0.0_c_double
             end do
-            row_max_0 = neg_inf
-            row_max_1 = neg_inf
-            row_max_2 = neg_inf
-            row_max_3 = neg_inf
-            row_max_4 = neg_inf
-            row_max_5 = neg_inf
+            t_0 = -1e+30_c_double
+            t_1 = -1e+30_c_double
+            t_2 = -1e+30_c_double
+            t_3 = -1e+30_c_double
+            t_4 = -1e+30_c_double
+            t_5 = -1e+30_c_double
             row_sum_0 = 0.0_c_double
             row_sum_1 = 0.0_c_double
             row_sum_2 = 0.0_c_double
@@ -807,30 +828,30 @@ contains
                     & n_q*(group*(b*kv_heads + g) + r) + 5)*min(64, &
       n)))
               end do
-              new_max_0 = max(row_max_0, block_max_0)
-              new_max_1 = max(row_max_1, block_max_1)
-              new_max_2 = max(row_max_2, block_max_2)
-              new_max_3 = max(row_max_3, block_max_3)
-              new_max_4 = max(row_max_4, block_max_4)
-              new_max_5 = max(row_max_5, block_max_5)
+              new_max_0 = max(t_0, block_max_0)
+              new_max_1 = max(t_1, block_max_1)
+              new_max_2 = max(t_2, block_max_2)
+              new_max_3 = max(t_3, block_max_3)
+              new_max_4 = max(t_4, block_max_4)
+              new_max_5 = max(t_5, block_max_5)
               shift_0 = merge(new_max_0, 0.0_c_double, new_max_0 > neg_inf)
               shift_1 = merge(new_max_1, 0.0_c_double, new_max_1 > neg_inf)
               shift_2 = merge(new_max_2, 0.0_c_double, new_max_2 > neg_inf)
               shift_3 = merge(new_max_3, 0.0_c_double, new_max_3 > neg_inf)
               shift_4 = merge(new_max_4, 0.0_c_double, new_max_4 > neg_inf)
               shift_5 = merge(new_max_5, 0.0_c_double, new_max_5 > neg_inf)
-              rescale_0 = merge(0.0_c_double, exp(max(row_max_0 - shift_0, -708.0_c_double)), &
-                  & (row_max_0 - shift_0) < -700.0_c_double)
-              rescale_1 = merge(0.0_c_double, exp(max(row_max_1 - shift_1, -708.0_c_double)), &
-                  & (row_max_1 - shift_1) < -700.0_c_double)
-              rescale_2 = merge(0.0_c_double, exp(max(row_max_2 - shift_2, -708.0_c_double)), &
-                  & (row_max_2 - shift_2) < -700.0_c_double)
-              rescale_3 = merge(0.0_c_double, exp(max(row_max_3 - shift_3, -708.0_c_double)), &
-                  & (row_max_3 - shift_3) < -700.0_c_double)
-              rescale_4 = merge(0.0_c_double, exp(max(row_max_4 - shift_4, -708.0_c_double)), &
-                  & (row_max_4 - shift_4) < -700.0_c_double)
-              rescale_5 = merge(0.0_c_double, exp(max(row_max_5 - shift_5, -708.0_c_double)), &
-                  & (row_max_5 - shift_5) < -700.0_c_double)
+              rescale_0 = merge(0.0_c_double, exp(max(t_0 - shift_0, -708.0_c_double)), (t_0 - &
+                  & shift_0) < -700.0_c_double)
+              rescale_1 = merge(0.0_c_double, exp(max(t_1 - shift_1, -708.0_c_double)), (t_1 - &
+                  & shift_1) < -700.0_c_double)
+              rescale_2 = merge(0.0_c_double, exp(max(t_2 - shift_2, -708.0_c_double)), (t_2 - &
+                  & shift_2) < -700.0_c_double)
+              rescale_3 = merge(0.0_c_double, exp(max(t_3 - shift_3, -708.0_c_double)), (t_3 - &
+                  & shift_3) < -700.0_c_double)
+              rescale_4 = merge(0.0_c_double, exp(max(t_4 - shift_4, -708.0_c_double)), (t_4 - &
+                  & shift_4) < -700.0_c_double)
+              rescale_5 = merge(0.0_c_double, exp(max(t_5 - shift_5, -708.0_c_double)), (t_5 - &
+                  & shift_5) < -700.0_c_double)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
@@ -1197,65 +1218,72 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t_0 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, n))
-                t_1 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_0 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n))
+                t2_1 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 1)*min(64, &
       n))
-                t_2 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_2 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 2)*min(64, &
       n))
-                t_3 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_3 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 3)*min(64, &
       n))
-                t_4 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_4 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 4)*min(64, &
       n))
-                t_5 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_5 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 5)*min(64, &
       n))
                 do c = 8*((d) / 8), d - 1
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
-                      & n_q*(group*(b*kv_heads + g) + r))) + t_0 * V(V_row + c)
+                      & n_q*(group*(b*kv_heads + g) + r))) + t2_0 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 1)) + t_1 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 1)) + t2_1 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 2)) + t_2 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 2)) + t2_2 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 3)) + t_3 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 3)) + t2_3 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 4)) + t_4 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 4)) + t2_4 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 5)) + t_5 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 5)) + t2_5 * V(V_row + c)
                 end do
               end do
-              row_max_0 = new_max_0
-              row_max_1 = new_max_1
-              row_max_2 = new_max_2
-              row_max_3 = new_max_3
-              row_max_4 = new_max_4
-              row_max_5 = new_max_5
+              t_0 = new_max_0
+              t_1 = new_max_1
+              t_2 = new_max_2
+              t_3 = new_max_3
+              t_4 = new_max_4
+              t_5 = new_max_5
             end do
+            t3_0 = max(row_sum_0, 1.0_c_double)
+            t3_1 = max(row_sum_1, 1.0_c_double)
+            t3_2 = max(row_sum_2, 1.0_c_double)
+            t3_3 = max(row_sum_3, 1.0_c_double)
+            t3_4 = max(row_sum_4, 1.0_c_double)
+            t3_5 = max(row_sum_5, 1.0_c_double)
             !$omp simd
             do c = 0, d - 1
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r))) / row_sum_0
+                  & n_q*(group*(b*kv_heads + g) + r))) / t3_0
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 1)) / row_sum_1
+                  & n_q*(group*(b*kv_heads + g) + r) + 1)) / t3_1
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 2)) / row_sum_2
+                  & n_q*(group*(b*kv_heads + g) + r) + 2)) / t3_2
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 3)) / row_sum_3
+                  & n_q*(group*(b*kv_heads + g) + r) + 3)) / t3_3
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 4)) / row_sum_4
+                  & n_q*(group*(b*kv_heads + g) + r) + 4)) / t3_4
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 5)) / row_sum_5
+                  & n_q*(group*(b*kv_heads + g) + r) + 5)) / t3_5
             end do
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r)) = row_max_0 + log(row_sum_0)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) = row_max_1 + log(row_sum_1)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) = row_max_2 + log(row_sum_2)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) = row_max_3 + log(row_sum_3)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) = row_max_4 + log(row_sum_4)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) = row_max_5 + log(row_sum_5)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r)) = t_0 + log(row_sum_0)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) = t_1 + log(row_sum_1)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) = t_2 + log(row_sum_2)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) = t_3 + log(row_sum_3)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) = t_4 + log(row_sum_4)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) = t_5 + log(row_sum_5)
           end do
         end do
       end do
@@ -1272,8 +1300,8 @@ contains
     !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
-    !$omp&   row_max_0b, &
-    !$omp&   row_max_1b, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b, &
     !$omp&   row_sum_0b, &
     !$omp&   row_sum_1b, &
     !$omp&   qk_0b_0, &
@@ -1320,8 +1348,10 @@ contains
     !$omp&   o_5h, &
     !$omp&   o_6h, &
     !$omp&   o_7h, &
-    !$omp&   t_0b, &
-    !$omp&   t_1b)
+    !$omp&   t2_0b, &
+    !$omp&   t2_1b, &
+    !$omp&   t3_0b, &
+    !$omp&   t3_1b)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -1332,8 +1362,8 @@ contains
               O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) = &
                   & 0.0_c_double
             end do
-            row_max_0b = neg_inf
-            row_max_1b = neg_inf
+            t_0b = -1e+30_c_double
+            t_1b = -1e+30_c_double
             row_sum_0b = 0.0_c_double
             row_sum_1b = 0.0_c_double
             do j_blk = 0, ((n + 63) / 64) - 1
@@ -1536,14 +1566,14 @@ contains
                     & n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / &
       6) + 1)*min(64, n)))
               end do
-              new_max_0b = max(row_max_0b, block_max_0b)
-              new_max_1b = max(row_max_1b, block_max_1b)
+              new_max_0b = max(t_0b, block_max_0b)
+              new_max_1b = max(t_1b, block_max_1b)
               shift_0b = merge(new_max_0b, 0.0_c_double, new_max_0b > neg_inf)
               shift_1b = merge(new_max_1b, 0.0_c_double, new_max_1b > neg_inf)
-              rescale_0b = merge(0.0_c_double, exp(max(row_max_0b - shift_0b, -708.0_c_double)), &
-                  & (row_max_0b - shift_0b) < -700.0_c_double)
-              rescale_1b = merge(0.0_c_double, exp(max(row_max_1b - shift_1b, -708.0_c_double)), &
-                  & (row_max_1b - shift_1b) < -700.0_c_double)
+              rescale_0b = merge(0.0_c_double, exp(max(t_0b - shift_0b, -708.0_c_double)), (t_0b &
+                  & - shift_0b) < -700.0_c_double)
+              rescale_1b = merge(0.0_c_double, exp(max(t_1b - shift_1b, -708.0_c_double)), (t_1b &
+                  & - shift_1b) < -700.0_c_double)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / &
@@ -1698,35 +1728,36 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t_0b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_0b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 6*((n_q) / &
       6))*min(64, n))
-                t_1b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_1b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 6*((n_q) / &
       6) + 1)*min(64, n))
                 do c = 8*((d) / 8), d - 1
                   O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) = O(c + &
-                      & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) + t_0b * &
-                      & V(V_row + c)
+                      & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) + t2_0b &
+                      & * V(V_row + c)
                   O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) = &
                       & O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + &
-                      & 1)) + t_1b * V(V_row + c)
+                      & 1)) + t2_1b * V(V_row + c)
                 end do
               end do
-              row_max_0b = new_max_0b
-              row_max_1b = new_max_1b
+              t_0b = new_max_0b
+              t_1b = new_max_1b
             end do
+            t3_0b = max(row_sum_0b, 1.0_c_double)
+            t3_1b = max(row_sum_1b, 1.0_c_double)
             !$omp simd
             do c = 0, d - 1
               O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) = O(c + &
-                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) / row_sum_0b
+                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) / t3_0b
               O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) = O(c + &
-                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) / &
-                  & row_sum_1b
+                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) / t3_1b
             end do
-            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)) = row_max_0b + &
+            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)) = t_0b + &
                 & log(row_sum_0b)
-            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1) = row_max_1b + &
+            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1) = t_1b + &
                 & log(row_sum_1b)
           end do
         end do
@@ -1745,7 +1776,7 @@ contains
     !$omp&   lse_row, &
     !$omp&   K_row, &
     !$omp&   V_row, &
-    !$omp&   row_max, &
+    !$omp&   t, &
     !$omp&   row_sum, &
     !$omp&   qk_0c, &
     !$omp&   qk_1c, &
@@ -1769,7 +1800,8 @@ contains
     !$omp&   o_5i, &
     !$omp&   o_6i, &
     !$omp&   o_7i, &
-    !$omp&   t)
+    !$omp&   t2, &
+    !$omp&   t3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -1779,7 +1811,7 @@ contains
             do c = 0, d - 1
               O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = 0.0_c_double
             end do
-            row_max = neg_inf
+            t = -1e+30_c_double
             row_sum = 0.0_c_double
             do j_blk = 0, ((n + 63) / 64) - 1
               do j_tile = 8*j_blk, ((min(n, 64*j_blk + 64)) / 8) - 1
@@ -1867,10 +1899,10 @@ contains
                 block_max = max(block_max, probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) &
                     & + r))*min(64, n)))
               end do
-              new_max = max(row_max, block_max)
+              new_max = max(t, block_max)
               shift = merge(new_max, 0.0_c_double, new_max > neg_inf)
-              rescale = merge(0.0_c_double, exp(max(row_max - shift, -708.0_c_double)), (row_max &
-                  & - shift) < -700.0_c_double)
+              rescale = merge(0.0_c_double, exp(max(t - shift, -708.0_c_double)), (t - shift) < &
+                  & -700.0_c_double)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
@@ -1937,21 +1969,22 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t = probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n))
+                t2 = probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n))
                 !$omp simd
                 do c = 8*((d) / 8), d - 1
                   O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
-                      & n_q*(group*(b*kv_heads + g) + r))) + t * V(V_row + c)
+                      & n_q*(group*(b*kv_heads + g) + r))) + t2 * V(V_row + c)
                 end do
               end do
-              row_max = new_max
+              t = new_max
             end do
+            t3 = max(row_sum, 1.0_c_double)
             !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
-                  & n_q*(group*(b*kv_heads + g) + r))) / row_sum
+                  & n_q*(group*(b*kv_heads + g) + r))) / t3
             end do
-            lse(lse_row + i) = row_max + log(row_sum)
+            lse(lse_row + i) = t + log(row_sum)
           end do
         end do
       end do
@@ -1975,41 +2008,41 @@ contains
     real(c_float), intent(out) :: V_panel(0:batch * kv_heads * ((d) / 16) * n * 16 - 1)
     integer(c_int64_t) :: a0, a1, a2, a3, lane, a0b, a1b, a2b, a3b, lane2, b, g, r, i_tile, c, &
         & j_blk, j_tile, j, c_tile, i, K_panel_row, V_panel_row, V_row, K_row, lse_row
-    real(c_float) :: row_max_0, row_max_1, row_max_2, row_max_3, row_max_4, row_max_5, row_sum_0, &
-        & row_sum_1, row_sum_2, row_sum_3, row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, &
-        & qk_0_4, qk_0_5, qk_0_6, qk_0_7, qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, &
-        & qk_0_14, qk_0_15, qk_1_0, qk_1_1, qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, &
-        & qk_1_8, qk_1_9, qk_1_10, qk_1_11, qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, &
-        & qk_2_2, qk_2_3, qk_2_4, qk_2_5, qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, &
-        & qk_2_12, qk_2_13, qk_2_14, qk_2_15, qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, &
-        & qk_3_6, qk_3_7, qk_3_8, qk_3_9, qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, &
-        & qk_4_0, qk_4_1, qk_4_2, qk_4_3, qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, &
-        & qk_4_10, qk_4_11, qk_4_12, qk_4_13, qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, &
-        & qk_5_4, qk_5_5, qk_5_6, qk_5_7, qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, &
-        & qk_5_14, qk_5_15, qk_0, qk_1, qk_2, qk_3, qk_4, qk_5, block_max_0, block_max_1, &
-        & block_max_2, block_max_3, block_max_4, block_max_5, new_max_0, new_max_1, new_max_2, &
-        & new_max_3, new_max_4, new_max_5, shift_0, shift_1, shift_2, shift_3, shift_4, shift_5, &
-        & rescale_0, rescale_1, rescale_2, rescale_3, rescale_4, rescale_5, block_sum_0, &
-        & block_sum_1, block_sum_2, block_sum_3, block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, &
-        & o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, &
-        & o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, &
-        & o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, &
-        & o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, &
-        & o_12d, o_13d, o_14d, o_15d, o_0e, o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, &
-        & o_10e, o_11e, o_12e, o_13e, o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, &
-        & o_7f, o_8f, o_9f, o_10f, o_11f, o_12f, o_13f, o_14f, o_15f, t_0, t_1, t_2, t_3, t_4, &
-        & t_5, row_max_0b, row_max_1b, row_sum_0b, row_sum_1b, qk_0b_0, qk_0b_1, qk_0b_2, &
-        & qk_0b_3, qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_0b_8, qk_0b_9, qk_0b_10, qk_0b_11, &
-        & qk_0b_12, qk_0b_13, qk_0b_14, qk_0b_15, qk_1b_0, qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, &
-        & qk_1b_5, qk_1b_6, qk_1b_7, qk_1b_8, qk_1b_9, qk_1b_10, qk_1b_11, qk_1b_12, qk_1b_13, &
-        & qk_1b_14, qk_1b_15, qk_0b, qk_1b, block_max_0b, block_max_1b, new_max_0b, new_max_1b, &
-        & shift_0b, shift_1b, rescale_0b, rescale_1b, block_sum_0b, block_sum_1b, o_0g, o_1g, &
-        & o_2g, o_3g, o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, &
-        & o_15g, o_0h, o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, &
-        & o_13h, o_14h, o_15h, t_0b, t_1b, row_max, row_sum, qk_0c, qk_1c, qk_2b, qk_3b, qk_4b, &
-        & qk_5b, qk_6, qk_7, qk_8, qk_9, qk_10, qk_11, qk_12, qk_13, qk_14, qk_15, qk, block_max, &
-        & new_max, shift, rescale, block_sum, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, o_6i, o_7i, &
-        & o_8i, o_9i, o_10i, o_11i, o_12i, o_13i, o_14i, o_15i, t
+    real(c_float) :: t_0, t_1, t_2, t_3, t_4, t_5, row_sum_0, row_sum_1, row_sum_2, row_sum_3, &
+        & row_sum_4, row_sum_5, qk_0_0, qk_0_1, qk_0_2, qk_0_3, qk_0_4, qk_0_5, qk_0_6, qk_0_7, &
+        & qk_0_8, qk_0_9, qk_0_10, qk_0_11, qk_0_12, qk_0_13, qk_0_14, qk_0_15, qk_1_0, qk_1_1, &
+        & qk_1_2, qk_1_3, qk_1_4, qk_1_5, qk_1_6, qk_1_7, qk_1_8, qk_1_9, qk_1_10, qk_1_11, &
+        & qk_1_12, qk_1_13, qk_1_14, qk_1_15, qk_2_0, qk_2_1, qk_2_2, qk_2_3, qk_2_4, qk_2_5, &
+        & qk_2_6, qk_2_7, qk_2_8, qk_2_9, qk_2_10, qk_2_11, qk_2_12, qk_2_13, qk_2_14, qk_2_15, &
+        & qk_3_0, qk_3_1, qk_3_2, qk_3_3, qk_3_4, qk_3_5, qk_3_6, qk_3_7, qk_3_8, qk_3_9, &
+        & qk_3_10, qk_3_11, qk_3_12, qk_3_13, qk_3_14, qk_3_15, qk_4_0, qk_4_1, qk_4_2, qk_4_3, &
+        & qk_4_4, qk_4_5, qk_4_6, qk_4_7, qk_4_8, qk_4_9, qk_4_10, qk_4_11, qk_4_12, qk_4_13, &
+        & qk_4_14, qk_4_15, qk_5_0, qk_5_1, qk_5_2, qk_5_3, qk_5_4, qk_5_5, qk_5_6, qk_5_7, &
+        & qk_5_8, qk_5_9, qk_5_10, qk_5_11, qk_5_12, qk_5_13, qk_5_14, qk_5_15, qk_0, qk_1, qk_2, &
+        & qk_3, qk_4, qk_5, block_max_0, block_max_1, block_max_2, block_max_3, block_max_4, &
+        & block_max_5, new_max_0, new_max_1, new_max_2, new_max_3, new_max_4, new_max_5, shift_0, &
+        & shift_1, shift_2, shift_3, shift_4, shift_5, rescale_0, rescale_1, rescale_2, &
+        & rescale_3, rescale_4, rescale_5, block_sum_0, block_sum_1, block_sum_2, block_sum_3, &
+        & block_sum_4, block_sum_5, o_0, o_1, o_2, o_3, o_4, o_5, o_6, o_7, o_8, o_9, o_10, o_11, &
+        & o_12, o_13, o_14, o_15, o_0b, o_1b, o_2b, o_3b, o_4b, o_5b, o_6b, o_7b, o_8b, o_9b, &
+        & o_10b, o_11b, o_12b, o_13b, o_14b, o_15b, o_0c, o_1c, o_2c, o_3c, o_4c, o_5c, o_6c, &
+        & o_7c, o_8c, o_9c, o_10c, o_11c, o_12c, o_13c, o_14c, o_15c, o_0d, o_1d, o_2d, o_3d, &
+        & o_4d, o_5d, o_6d, o_7d, o_8d, o_9d, o_10d, o_11d, o_12d, o_13d, o_14d, o_15d, o_0e, &
+        & o_1e, o_2e, o_3e, o_4e, o_5e, o_6e, o_7e, o_8e, o_9e, o_10e, o_11e, o_12e, o_13e, &
+        & o_14e, o_15e, o_0f, o_1f, o_2f, o_3f, o_4f, o_5f, o_6f, o_7f, o_8f, o_9f, o_10f, o_11f, &
+        & o_12f, o_13f, o_14f, o_15f, t2_0, t2_1, t2_2, t2_3, t2_4, t2_5, t3_0, t3_1, t3_2, t3_3, &
+        & t3_4, t3_5, t_0b, t_1b, row_sum_0b, row_sum_1b, qk_0b_0, qk_0b_1, qk_0b_2, qk_0b_3, &
+        & qk_0b_4, qk_0b_5, qk_0b_6, qk_0b_7, qk_0b_8, qk_0b_9, qk_0b_10, qk_0b_11, qk_0b_12, &
+        & qk_0b_13, qk_0b_14, qk_0b_15, qk_1b_0, qk_1b_1, qk_1b_2, qk_1b_3, qk_1b_4, qk_1b_5, &
+        & qk_1b_6, qk_1b_7, qk_1b_8, qk_1b_9, qk_1b_10, qk_1b_11, qk_1b_12, qk_1b_13, qk_1b_14, &
+        & qk_1b_15, qk_0b, qk_1b, block_max_0b, block_max_1b, new_max_0b, new_max_1b, shift_0b, &
+        & shift_1b, rescale_0b, rescale_1b, block_sum_0b, block_sum_1b, o_0g, o_1g, o_2g, o_3g, &
+        & o_4g, o_5g, o_6g, o_7g, o_8g, o_9g, o_10g, o_11g, o_12g, o_13g, o_14g, o_15g, o_0h, &
+        & o_1h, o_2h, o_3h, o_4h, o_5h, o_6h, o_7h, o_8h, o_9h, o_10h, o_11h, o_12h, o_13h, &
+        & o_14h, o_15h, t2_0b, t2_1b, t3_0b, t3_1b, t, row_sum, qk_0c, qk_1c, qk_2b, qk_3b, &
+        & qk_4b, qk_5b, qk_6, qk_7, qk_8, qk_9, qk_10, qk_11, qk_12, qk_13, qk_14, qk_15, qk, &
+        & block_max, new_max, shift, rescale, block_sum, o_0i, o_1i, o_2i, o_3i, o_4i, o_5i, &
+        & o_6i, o_7i, o_8i, o_9i, o_10i, o_11i, o_12i, o_13i, o_14i, o_15i, t2, t3
     real(c_float) :: neg_inf
 
     neg_inf = ieee_value(0.0_c_float, ieee_negative_inf)
@@ -2060,12 +2093,12 @@ contains
     !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
-    !$omp&   row_max_0, &
-    !$omp&   row_max_1, &
-    !$omp&   row_max_2, &
-    !$omp&   row_max_3, &
-    !$omp&   row_max_4, &
-    !$omp&   row_max_5, &
+    !$omp&   t_0, &
+    !$omp&   t_1, &
+    !$omp&   t_2, &
+    !$omp&   t_3, &
+    !$omp&   t_4, &
+    !$omp&   t_5, &
     !$omp&   row_sum_0, &
     !$omp&   row_sum_1, &
     !$omp&   row_sum_2, &
@@ -2300,12 +2333,18 @@ contains
     !$omp&   o_13f, &
     !$omp&   o_14f, &
     !$omp&   o_15f, &
-    !$omp&   t_0, &
-    !$omp&   t_1, &
-    !$omp&   t_2, &
-    !$omp&   t_3, &
-    !$omp&   t_4, &
-    !$omp&   t_5)
+    !$omp&   t2_0, &
+    !$omp&   t2_1, &
+    !$omp&   t2_2, &
+    !$omp&   t2_3, &
+    !$omp&   t2_4, &
+    !$omp&   t2_5, &
+    !$omp&   t3_0, &
+    !$omp&   t3_1, &
+    !$omp&   t3_2, &
+    !$omp&   t3_3, &
+    !$omp&   t3_4, &
+    !$omp&   t3_5)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -2319,12 +2358,12 @@ contains
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)) = 0.0_c_float
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)) = 0.0_c_float
             end do
-            row_max_0 = neg_inf
-            row_max_1 = neg_inf
-            row_max_2 = neg_inf
-            row_max_3 = neg_inf
-            row_max_4 = neg_inf
-            row_max_5 = neg_inf
+            t_0 = -1e+30_c_float
+            t_1 = -1e+30_c_float
+            t_2 = -1e+30_c_float
+            t_3 = -1e+30_c_float
+            t_4 = -1e+30_c_float
+            t_5 = -1e+30_c_float
             row_sum_0 = 0.0_c_float
             row_sum_1 = 0.0_c_float
             row_sum_2 = 0.0_c_float
@@ -3264,30 +3303,30 @@ contains
                     & n_q*(group*(b*kv_heads + g) + r) + 5)*min(64, &
       n)))
               end do
-              new_max_0 = max(row_max_0, block_max_0)
-              new_max_1 = max(row_max_1, block_max_1)
-              new_max_2 = max(row_max_2, block_max_2)
-              new_max_3 = max(row_max_3, block_max_3)
-              new_max_4 = max(row_max_4, block_max_4)
-              new_max_5 = max(row_max_5, block_max_5)
+              new_max_0 = max(t_0, block_max_0)
+              new_max_1 = max(t_1, block_max_1)
+              new_max_2 = max(t_2, block_max_2)
+              new_max_3 = max(t_3, block_max_3)
+              new_max_4 = max(t_4, block_max_4)
+              new_max_5 = max(t_5, block_max_5)
               shift_0 = merge(new_max_0, 0.0_c_float, new_max_0 > neg_inf)
               shift_1 = merge(new_max_1, 0.0_c_float, new_max_1 > neg_inf)
               shift_2 = merge(new_max_2, 0.0_c_float, new_max_2 > neg_inf)
               shift_3 = merge(new_max_3, 0.0_c_float, new_max_3 > neg_inf)
               shift_4 = merge(new_max_4, 0.0_c_float, new_max_4 > neg_inf)
               shift_5 = merge(new_max_5, 0.0_c_float, new_max_5 > neg_inf)
-              rescale_0 = merge(0.0_c_float, exp(max(row_max_0 - shift_0, -87.0_c_float)), &
-                  & (row_max_0 - shift_0) < -80.0_c_float)
-              rescale_1 = merge(0.0_c_float, exp(max(row_max_1 - shift_1, -87.0_c_float)), &
-                  & (row_max_1 - shift_1) < -80.0_c_float)
-              rescale_2 = merge(0.0_c_float, exp(max(row_max_2 - shift_2, -87.0_c_float)), &
-                  & (row_max_2 - shift_2) < -80.0_c_float)
-              rescale_3 = merge(0.0_c_float, exp(max(row_max_3 - shift_3, -87.0_c_float)), &
-                  & (row_max_3 - shift_3) < -80.0_c_float)
-              rescale_4 = merge(0.0_c_float, exp(max(row_max_4 - shift_4, -87.0_c_float)), &
-                  & (row_max_4 - shift_4) < -80.0_c_float)
-              rescale_5 = merge(0.0_c_float, exp(max(row_max_5 - shift_5, -87.0_c_float)), &
-                  & (row_max_5 - shift_5) < -80.0_c_float)
+              rescale_0 = merge(0.0_c_float, exp(max(t_0 - shift_0, -87.0_c_float)), (t_0 - &
+                  & shift_0) < -80.0_c_float)
+              rescale_1 = merge(0.0_c_float, exp(max(t_1 - shift_1, -87.0_c_float)), (t_1 - &
+                  & shift_1) < -80.0_c_float)
+              rescale_2 = merge(0.0_c_float, exp(max(t_2 - shift_2, -87.0_c_float)), (t_2 - &
+                  & shift_2) < -80.0_c_float)
+              rescale_3 = merge(0.0_c_float, exp(max(t_3 - shift_3, -87.0_c_float)), (t_3 - &
+                  & shift_3) < -80.0_c_float)
+              rescale_4 = merge(0.0_c_float, exp(max(t_4 - shift_4, -87.0_c_float)), (t_4 - &
+                  & shift_4) < -80.0_c_float)
+              rescale_5 = merge(0.0_c_float, exp(max(t_5 - shift_5, -87.0_c_float)), (t_5 - &
+                  & shift_5) < -80.0_c_float)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
@@ -3946,65 +3985,72 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t_0 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, n))
-                t_1 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_0 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r))*min(64, &
+                    & n))
+                t2_1 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 1)*min(64, &
       n))
-                t_2 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_2 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 2)*min(64, &
       n))
-                t_3 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_3 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 3)*min(64, &
       n))
-                t_4 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_4 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 4)*min(64, &
       n))
-                t_5 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_5 = probs(j - 64*j_blk + (6*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 5)*min(64, &
       n))
                 do c = 16*((d) / 16), d - 1
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
-                      & n_q*(group*(b*kv_heads + g) + r))) + t_0 * V(V_row + c)
+                      & n_q*(group*(b*kv_heads + g) + r))) + t2_0 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 1)) + t_1 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 1)) + t2_1 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 2)) + t_2 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 2)) + t2_2 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 3)) + t_3 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 3)) + t2_3 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 4)) + t_4 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 4)) + t2_4 * V(V_row + c)
                   O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)) = O(c + d*(6*i_tile &
-                      & + n_q*(group*(b*kv_heads + g) + r) + 5)) + t_5 * V(V_row + c)
+                      & + n_q*(group*(b*kv_heads + g) + r) + 5)) + t2_5 * V(V_row + c)
                 end do
               end do
-              row_max_0 = new_max_0
-              row_max_1 = new_max_1
-              row_max_2 = new_max_2
-              row_max_3 = new_max_3
-              row_max_4 = new_max_4
-              row_max_5 = new_max_5
+              t_0 = new_max_0
+              t_1 = new_max_1
+              t_2 = new_max_2
+              t_3 = new_max_3
+              t_4 = new_max_4
+              t_5 = new_max_5
             end do
+            t3_0 = max(row_sum_0, 1.0_c_float)
+            t3_1 = max(row_sum_1, 1.0_c_float)
+            t3_2 = max(row_sum_2, 1.0_c_float)
+            t3_3 = max(row_sum_3, 1.0_c_float)
+            t3_4 = max(row_sum_4, 1.0_c_float)
+            t3_5 = max(row_sum_5, 1.0_c_float)
             !$omp simd
             do c = 0, d - 1
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r))) / row_sum_0
+                  & n_q*(group*(b*kv_heads + g) + r))) / t3_0
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 1)) / row_sum_1
+                  & n_q*(group*(b*kv_heads + g) + r) + 1)) / t3_1
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 2)) / row_sum_2
+                  & n_q*(group*(b*kv_heads + g) + r) + 2)) / t3_2
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 3)) / row_sum_3
+                  & n_q*(group*(b*kv_heads + g) + r) + 3)) / t3_3
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 4)) / row_sum_4
+                  & n_q*(group*(b*kv_heads + g) + r) + 4)) / t3_4
               O(c + d*(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5)) = O(c + d*(6*i_tile + &
-                  & n_q*(group*(b*kv_heads + g) + r) + 5)) / row_sum_5
+                  & n_q*(group*(b*kv_heads + g) + r) + 5)) / t3_5
             end do
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r)) = row_max_0 + log(row_sum_0)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) = row_max_1 + log(row_sum_1)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) = row_max_2 + log(row_sum_2)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) = row_max_3 + log(row_sum_3)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) = row_max_4 + log(row_sum_4)
-            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) = row_max_5 + log(row_sum_5)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r)) = t_0 + log(row_sum_0)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 1) = t_1 + log(row_sum_1)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 2) = t_2 + log(row_sum_2)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 3) = t_3 + log(row_sum_3)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 4) = t_4 + log(row_sum_4)
+            lse(6*i_tile + n_q*(group*(b*kv_heads + g) + r) + 5) = t_5 + log(row_sum_5)
           end do
         end do
       end do
@@ -4021,8 +4067,8 @@ contains
     !$omp&   c_tile, &
     !$omp&   K_row, &
     !$omp&   V_row, &
-    !$omp&   row_max_0b, &
-    !$omp&   row_max_1b, &
+    !$omp&   t_0b, &
+    !$omp&   t_1b, &
     !$omp&   row_sum_0b, &
     !$omp&   row_sum_1b, &
     !$omp&   qk_0b_0, &
@@ -4101,8 +4147,10 @@ contains
     !$omp&   o_13h, &
     !$omp&   o_14h, &
     !$omp&   o_15h, &
-    !$omp&   t_0b, &
-    !$omp&   t_1b)
+    !$omp&   t2_0b, &
+    !$omp&   t2_1b, &
+    !$omp&   t3_0b, &
+    !$omp&   t3_1b)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -4113,8 +4161,8 @@ contains
               O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) = &
                   & 0.0_c_float
             end do
-            row_max_0b = neg_inf
-            row_max_1b = neg_inf
+            t_0b = -1e+30_c_float
+            t_1b = -1e+30_c_float
             row_sum_0b = 0.0_c_float
             row_sum_1b = 0.0_c_float
             do j_blk = 0, ((n + 63) / 64) - 1
@@ -4486,14 +4534,14 @@ contains
                     & n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / &
       6) + 1)*min(64, n)))
               end do
-              new_max_0b = max(row_max_0b, block_max_0b)
-              new_max_1b = max(row_max_1b, block_max_1b)
+              new_max_0b = max(t_0b, block_max_0b)
+              new_max_1b = max(t_1b, block_max_1b)
               shift_0b = merge(new_max_0b, 0.0_c_float, new_max_0b > neg_inf)
               shift_1b = merge(new_max_1b, 0.0_c_float, new_max_1b > neg_inf)
-              rescale_0b = merge(0.0_c_float, exp(max(row_max_0b - shift_0b, -87.0_c_float)), &
-                  & (row_max_0b - shift_0b) < -80.0_c_float)
-              rescale_1b = merge(0.0_c_float, exp(max(row_max_1b - shift_1b, -87.0_c_float)), &
-                  & (row_max_1b - shift_1b) < -80.0_c_float)
+              rescale_0b = merge(0.0_c_float, exp(max(t_0b - shift_0b, -87.0_c_float)), (t_0b - &
+                  & shift_0b) < -80.0_c_float)
+              rescale_1b = merge(0.0_c_float, exp(max(t_1b - shift_1b, -87.0_c_float)), (t_1b - &
+                  & shift_1b) < -80.0_c_float)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / &
@@ -4760,35 +4808,36 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t_0b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_0b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 6*((n_q) / &
       6))*min(64, n))
-                t_1b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
+                t2_1b = probs(j - 64*j_blk + (2*i_tile + n_q*(group*(b*kv_heads + g) + r) + &
                     & 6*((n_q) / &
       6) + 1)*min(64, n))
                 do c = 16*((d) / 16), d - 1
                   O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) = O(c + &
-                      & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) + t_0b * &
-                      & V(V_row + c)
+                      & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) + t2_0b &
+                      & * V(V_row + c)
                   O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) = &
                       & O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + &
-                      & 1)) + t_1b * V(V_row + c)
+                      & 1)) + t2_1b * V(V_row + c)
                 end do
               end do
-              row_max_0b = new_max_0b
-              row_max_1b = new_max_1b
+              t_0b = new_max_0b
+              t_1b = new_max_1b
             end do
+            t3_0b = max(row_sum_0b, 1.0_c_float)
+            t3_1b = max(row_sum_1b, 1.0_c_float)
             !$omp simd
             do c = 0, d - 1
               O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) = O(c + &
-                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) / row_sum_0b
+                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6))) / t3_0b
               O(c + d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) = O(c + &
-                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) / &
-                  & row_sum_1b
+                  & d*(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1)) / t3_1b
             end do
-            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)) = row_max_0b + &
+            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6)) = t_0b + &
                 & log(row_sum_0b)
-            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1) = row_max_1b + &
+            lse(2*i_tile + n_q*(group*(b*kv_heads + g) + r) + 6*((n_q) / 6) + 1) = t_1b + &
                 & log(row_sum_1b)
           end do
         end do
@@ -4807,7 +4856,7 @@ contains
     !$omp&   lse_row, &
     !$omp&   K_row, &
     !$omp&   V_row, &
-    !$omp&   row_max, &
+    !$omp&   t, &
     !$omp&   row_sum, &
     !$omp&   qk_0c, &
     !$omp&   qk_1c, &
@@ -4847,7 +4896,8 @@ contains
     !$omp&   o_13i, &
     !$omp&   o_14i, &
     !$omp&   o_15i, &
-    !$omp&   t)
+    !$omp&   t2, &
+    !$omp&   t3)
     do b = 0, batch - 1
       do g = 0, kv_heads - 1
         do r = 0, group - 1
@@ -4857,7 +4907,7 @@ contains
             do c = 0, d - 1
               O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = 0.0_c_float
             end do
-            row_max = neg_inf
+            t = -1e+30_c_float
             row_sum = 0.0_c_float
             do j_blk = 0, ((n + 63) / 64) - 1
               do j_tile = 4*j_blk, ((min(n, 64*j_blk + 64)) / 16) - 1
@@ -5024,10 +5074,10 @@ contains
                 block_max = max(block_max, probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) &
                     & + r))*min(64, n)))
               end do
-              new_max = max(row_max, block_max)
+              new_max = max(t, block_max)
               shift = merge(new_max, 0.0_c_float, new_max > neg_inf)
-              rescale = merge(0.0_c_float, exp(max(row_max - shift, -87.0_c_float)), (row_max - &
-                  & shift) < -80.0_c_float)
+              rescale = merge(0.0_c_float, exp(max(t - shift, -87.0_c_float)), (t - shift) < &
+                  & -80.0_c_float)
               !$omp simd
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n)) = &
@@ -5134,21 +5184,22 @@ contains
               end do
               do j = 64*j_blk, min(n, 64*j_blk + 64) - 1
                 V_row = d*(j + n*(b*kv_heads + g))
-                t = probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n))
+                t2 = probs(j - 64*j_blk + (i + n_q*(group*(b*kv_heads + g) + r))*min(64, n))
                 !$omp simd
                 do c = 16*((d) / 16), d - 1
                   O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
-                      & n_q*(group*(b*kv_heads + g) + r))) + t * V(V_row + c)
+                      & n_q*(group*(b*kv_heads + g) + r))) + t2 * V(V_row + c)
                 end do
               end do
-              row_max = new_max
+              t = new_max
             end do
+            t3 = max(row_sum, 1.0_c_float)
             !$omp simd
             do c = 0, d - 1
               O(c + d*(i + n_q*(group*(b*kv_heads + g) + r))) = O(c + d*(i + &
-                  & n_q*(group*(b*kv_heads + g) + r))) / row_sum
+                  & n_q*(group*(b*kv_heads + g) + r))) / t3
             end do
-            lse(lse_row + i) = row_max + log(row_sum)
+            lse(lse_row + i) = t + log(row_sum)
           end do
         end do
       end do

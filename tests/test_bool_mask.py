@@ -110,3 +110,27 @@ def test_the_flash_forward_applies_the_mask_after_its_tile_stores():
                if isinstance(s, Store) and s.array == "probs" and reads(s) == {"probs", "M"}]
     assert set(tiled) == {"rows", "rows.edge", "rows.edge.edge"}
     assert tile and all("M" not in names for names in tile) and len(applied) == len(tile)
+
+
+@pytest.mark.parametrize("lang", ["c", "fortran"])
+@pytest.mark.parametrize("variant", ["dnf", "flash"])
+def test_a_row_the_mask_hides_wholly_gets_zeros_and_no_gradient(lang, variant):
+    """SDPA's zeros from the kernels themselves (their softmax floored): O = 0 and lse = -inf
+    at such a row, every other row the same as with a float mask; the backward gives it dQ =
+    0 and no NaN anywhere (before, 0 / 0 made the row NaN, moagen.torch showing it every key
+    and zeroing it after)."""
+    rng = np.random.default_rng(5)
+    Q, dO = rng.standard_normal((2, 1, 2, 3, 9, 5))
+    K, V = rng.standard_normal((2, 1, 2, 11, 5))
+    mask = rng.random((9, 11)) < 0.6
+    mask[[0, 4]] = False
+    O, lse = runtime.load(KERNEL, variant, lang, "float64", params={})(Q, K, V, mask, scale=0.4)
+    assert (O[..., [0, 4], :] == 0).all() and np.isneginf(lse[..., [0, 4]]).all()
+    seen = [i for i in range(9) if i not in (0, 4)]
+    want = runtime.load("attention_cross_fwd_masked2d", "dnf", "c", "float64")(
+        Q, K, V, np.where(mask, 0.0, -np.inf), scale=0.4)
+    np.testing.assert_allclose(O[..., seen, :], want[0][..., seen, :], rtol=1e-13, atol=1e-15)
+    dQ, dK, dV = runtime.load("attention_cross_bwd_bool2d", variant, lang, "float64",
+                              params={})(Q, K, V, mask, O, dO, lse, scale=0.4)
+    assert (dQ[..., [0, 4], :] == 0).all()
+    assert all(np.isfinite(g).all() for g in (dQ, dK, dV))

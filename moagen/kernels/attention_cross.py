@@ -19,7 +19,8 @@ attn_mask of shape (n_q, n) or (1, 1, n_q, n), never copied per head). A row M m
 wholly gives 0 / 0, as the softmax does; SDPA gives such rows zeros, which
 moagen.torch_ops.attention gives them. `_bool2d`: M (n_q, n) of bools, shared as
 `_masked2d`'s, read a byte an element (SDPA's boolean attn_mask as torch stores it): the
-score kept where M is true, -inf where not. M takes no gradient. Their flash forms add M's
+score kept where M is true, -inf where not; a row it hides wholly gets O = 0 and lse = -inf
+itself (its softmax floored, FLOORED), no gradient. M takes no gradient. Their flash forms add M's
 tile to the score tile, read in place; any block may hold none of a row's keys
 (OnlineSoftmax's unseen), so none is skipped; on a CPU their exponentials, forward and
 backward, are flushed (FlushExp), so that the masked keys' -inf keep the vector exp on its
@@ -95,6 +96,10 @@ MASKS = {"": None, "causal": shifted_mask, "masked": added_mask,
          "masked2d": shared_mask, "bool2d": kept_mask, "padded": padded_mask}
 # the masks read from an input, that input: added (floats) or kept (bools)
 ADDED = {"masked": M, "masked2d": SHARED_M, "bool2d": SHARED_FLAGS}
+# the masks that may hide every key of a row, whose softmax is floored (attention.one_head):
+# such a row gets O = 0 and lse = -inf, SDPA's zeros. A bool mask's hidden key is -inf; an
+# added float mask's may be finite (transformers' finfo.min), where SDPA averages the row
+FLOORED = ("bool2d",)
 # the sizes a mask's kernels are given at call time
 GIVEN = {"causal": ("offset",), "padded": ("last",)}
 
@@ -109,7 +114,7 @@ def _inputs(mask: str):
 
 def spec(mask: str) -> KernelSpec:
     o, lse = attention.one_head(psi(QUERY_HEADS, Q), psi(LOOPS.heads, K), psi(LOOPS.heads, V),
-                                bool(mask), mask=MASKS[mask])
+                                bool(mask), mask=MASKS[mask], floored=mask in FLOORED)
     return KernelSpec(
         name=name(mask),
         inputs=_inputs(mask),
@@ -150,11 +155,17 @@ FLASH = {"": (False, False), "causal": (True, True), "padded": (True, False),
          "masked": (False, False), "masked2d": (False, False), "bool2d": (False, False)}
 
 
+# a GPU backward's block scratch (attention_bwd.BWD_SCRATCH) where the forward's max is
+# floored: the keys pass's lse floored as the max was takes a name before its blocks
+FLOORED_SCRATCH = dict(attention_bwd.BWD_SCRATCH, P2="t3_block", dS2="t4_block")
+
+
 def _variants(mask, backward):
     dnf = (frozenset({"delta"}), BACKWARD) if backward else (frozenset(), FORWARD)
     flushed = (FlushExp(),) if mask in ADDED else ()  # a mask's -inf: exp's fast path
+    scratch = FLOORED_SCRATCH if mask in FLOORED else None
     flash = attention_bwd.flash_variant(FLASH[mask][1], loops=LOOPS, then=flushed,
-                                        padded=mask == "padded") if backward \
+                                        padded=mask == "padded", scratch=scratch) if backward \
         else attention.flash_variant(FLASH[mask][0], loops=LOOPS.query, unseen=mask in ADDED,
                                      then=flushed)
     return {"dnf": dnf, "flash": flash}

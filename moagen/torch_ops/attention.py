@@ -28,7 +28,9 @@ which reads its bytes (no float mask made), a float one `_masked2d`; otherwise `
 the mask made a float one of q's dtype (0 or -inf for a boolean one) of the full shape.
 The kernels add the mask's tile to the score tile, or keep the scores where it is true,
 every key block visited (a mask is not known to hide whole blocks). A row the mask hides
-wholly gets SDPA's zeros and no gradient, as the bottom-right rows that see no key do.
+wholly gets SDPA's zeros and no gradient, as the bottom-right rows that see no key do:
+from `_bool2d` itself (its softmax floored), else shown every key and zeroed after (a float
+mask's hidden keys may be finite, where SDPA averages the row).
 
 Padded keys (key_lengths, or a boolean attn_mask of shape (batch, 1, 1, n) that is True up
 to each batch's length, moagen.torch_ops.padding) take attention_cross's `_padded` flash
@@ -156,14 +158,16 @@ attention_op = Operator("moagen::attention", _attention, _attention_fake,
                         instead="F.scaled_dot_product_attention")
 
 
-def _kernel_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+def _kernel_mask(op: str, attn_mask: Tensor, q: Tensor,
+                 k: Tensor) -> tuple[Tensor, Optional[Tensor]]:
     """SDPA's attn_mask as the masked kernels take it, contiguous: of shape (n_q, n) where it
     is shared by every batch and head (its axes before the last two all 1), (batch, n_q, n)
     where each batch's is shared by its heads (batch, 1, n_q, n), boolean where it is (the
     `_bool2d` kernels read its bytes) or else added to the scores, of q's dtype; else of the
-    full shape (batch, heads, n_q, n), added to the scores, of q's dtype. The rows it hides
-    wholly are shown every key (the kernel's softmax would give them 0 / 0). And whether
-    each row sees a key (False at those rows), broadcastable to (batch, heads, n_q, 1)."""
+    full shape (batch, heads, n_q, n), added to the scores, of q's dtype. And whether each
+    row sees a key (False at those rows), broadcastable to (batch, heads, n_q, 1), where the
+    kernel leaves such rows to the caller (their keys then all shown: its softmax would give
+    0 / 0); None where it gives them zeros itself (a boolean mask's `_bool2d`)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{op}: attn_mask must be a torch.Tensor, got "
                         f"{type(attn_mask).__name__}")
@@ -187,22 +191,22 @@ def _kernel_mask(op: str, attn_mask: Tensor, q: Tensor, k: Tensor) -> tuple[Tens
     elif attn_mask.dim() == 4 and attn_mask.shape[1] == 1:
         full = (full[0], *full[2:])
         attn_mask = attn_mask[:, 0]
+    by_batch = len(full) == 3
+    if attn_mask.dtype == torch.bool and len(full) < 4:
+        # the `_bool2d` kernels read its bytes, a row hidden wholly theirs (floored)
+        return attn_mask.expand(full).contiguous(), None
     # no branch on whether every row sees a key, which torch.compile could not trace
     if attn_mask.dtype == torch.bool:
         seen = attn_mask.any(-1, keepdim=True)
-        shown = attn_mask | ~seen
-        if len(full) < 4:  # the `_bool2d` kernels read its bytes: no float mask made
-            mask = shown
-        else:  # made a float one in one pass: it is as large as the scores (float32, n 4096,
-            # 8 heads, 1 thread: 157 -> 92 ms of a 721 ms masked call)
-            zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
-                            for x in (0.0, float("-inf")))
-            mask = torch.where(shown, zero, hidden)
+        # made a float one in one pass: it is as large as the scores (float32, n 4096, 8
+        # heads, 1 thread: 157 -> 92 ms of a 721 ms masked call)
+        zero, hidden = (torch.tensor(x, dtype=q.dtype, device=attn_mask.device)
+                        for x in (0.0, float("-inf")))
+        mask = torch.where(attn_mask | ~seen, zero, hidden)
     else:
         mask = attn_mask.to(q.dtype)
         seen = (mask > float("-inf")).any(-1, keepdim=True)
         mask = mask.masked_fill(~seen, 0)
-    by_batch = len(full) == 3
     return mask.expand(full).contiguous(), seen.unsqueeze(1) if by_batch else seen
 
 
@@ -277,7 +281,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor] = Non
                                -1, scale, lang)[0]
         # SDPA's zeros where the mask hides every key; masked_fill's backward zeroes those
         # rows' dO, so they add nothing to any gradient
-        return out.masked_fill(~seen, 0)
+        return out if seen is None else out.masked_fill(~seen, 0)
     n_q = q.shape[2]
     offset = n - n_q if causal == "lower_right" else 0
     if offset < 0:
