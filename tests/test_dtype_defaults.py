@@ -74,10 +74,11 @@ def test_show_takes_the_dtype(capsys):
     assert main(["show", "attention_fwd", "--variant", "flash", "--stage", "onf",
                  "--dtype", "float32"]) == 0
     lanes = FLASH.defaults_for("cpu", "float32")["lanes"]
-    assert f"key_tiles(rows, j, {lanes})" in capsys.readouterr().out
+    assert f"key_tiles(rows, j, {lanes}, also=(rows.edge, rows.edge.edge))" in \
+        capsys.readouterr().out
     assert main(["show", "attention_fwd", "--variant", "flash", "--stage", "onf",
                  "--dtype", "float32", "--param", "lanes=8"]) == 0
-    assert "key_tiles(rows, j, 8)" in capsys.readouterr().out
+    assert "key_tiles(rows, j, 8, also=(rows.edge, rows.edge.edge))" in capsys.readouterr().out
 
 
 def test_the_runtime_binds_the_dtype_defaults_and_a_tuned_choice_wins(tmp_path, monkeypatch):
