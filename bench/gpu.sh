@@ -48,10 +48,10 @@
 # small binary ones for its Python 3.12 (markupsafe, siphash24), 1.4 MiB; and in
 # wheelhouse/toolchain/ gcc 12 with nvptx offloading (tools/openacc-toolchain.sh: Debian
 # bookworm's gcc-12, gfortran-12, gcc-12-offload-nvptx, nvptx-tools and their runtimes, 51 MB
-# of .deb, unpacked and pruned to 117 MiB, xz: 29.5 MiB; its MANIFEST lists each package),
+# of .deb, unpacked and pruned to 117 MiB, xz -9: 18.3 MiB; its MANIFEST lists each package),
 # unpacked into WORK there, where it takes binutils, glibc and the compilers' libraries from
-# the machine's gcc 13. wheelhouse/: 32.8 MiB; with the tracked files (20.6 MiB) 53.4 MiB on
-# 2026-12-07 (`bench/gpu.sh prepare` prints it).
+# the machine's gcc 13. wheelhouse/: 21.6 MiB; with the tracked files (39.0 MiB) 60.6 MiB on
+# 2026-12-08 (`bench/gpu.sh prepare` prints it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=wheelhouse
