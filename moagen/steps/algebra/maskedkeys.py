@@ -101,17 +101,17 @@ def _masked_exp(e, var):
 
 
 def _masked_factor(e, var):
-    """(seen, s, t, e with the factor exp(s - t)) where exp((masked s) - t) is a factor of
-    the product e (a divisor's dividend counted); else None."""
+    """(seen, t, e with the factor exp(s - t)) where exp((masked s) - t) is a factor of the
+    product e (a divisor's dividend counted); else None."""
     found = _masked_exp(e, var)
     if found:
         seen, s, t = found
-        return seen, s, t, S.Un("exp", S.Bin("-", s, t))
+        return seen, t, S.Un("exp", S.Bin("-", s, t))
     if isinstance(e, S.Bin) and e.op in ("*", "/"):
         for side in ("left", "right") if e.op == "*" else ("left",):
             found = _masked_factor(getattr(e, side), var)
             if found:
-                return found[:3] + (replace(e, **{side: found[3]}),)
+                return found[:2] + (replace(e, **{side: found[2]}),)
     return None
 
 
@@ -161,7 +161,7 @@ class _Cuts:
         found = _masked_factor(let.value, loop.var)
         if found is None:
             return loop
-        seen, _, t, unmasked = found
+        seen, t, unmasked = found
         if not self.is_floored(t):
             subtracted = t.name if isinstance(t, S.Local) else "a value"
             self.left.append(f"loop {loop.var}: {let.name}'s exp subtracts {subtracted}, not "
