@@ -2,12 +2,15 @@
 they brought: integer (offsets) inputs in the ABI, checked by every loader before native
 code; packed outputs; loop bounds read from the offsets. Their agreement with the
 references on odd lengths is test_verify's (C, Fortran) and test_cuda_emulation's."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import sympy
 
 from moagen import reference, runtime, verify
 from moagen.errors import SpecError
+from moagen.kernels import attention_cross as cross
 from moagen.kernels import attention_varlen as varlen
 from moagen.kernels import get_kernel
 from moagen.moa import scalar as S
@@ -15,7 +18,7 @@ from moagen.moa.dnf import psi_reduce
 from moagen.moa.expr import array, element, lift, offsets
 from moagen.moa.spec import KernelSpec, Output, Packed
 from moagen.onf.interpret import evaluate_dnf, run_onf
-from moagen.onf.loops import Loop, stmt_exprs, walk
+from moagen.onf.loops import Loop, Store, stmt_exprs, walk
 from moagen.onf.realize import realize
 from moagen.pipeline import onf_of
 from moagen.steps.algebra.maskedkeys import MaskedKeys
@@ -59,20 +62,26 @@ def test_bad_offsets_are_refused_before_native_code(lang, change, message):
         fn(Q, K, V, *change(cu_q, cu_k), scale=0.5)
 
 
-@pytest.mark.parametrize("kernel, keys", [
-    ("attention_varlen_fwd", "-cu_k(b) + cu_k(b + 1)"),
-    ("attention_varlen_bwd", "-cu_k(b) + cu_k(b + 1)"),
-    ("attention_varlen_bwd_causal", "-cu_k(b) + cu_k(b + 1)"),
-    # causal: up to the row's last key seen, i + n_k - n_q (MaskedKeys)
-    (KERNEL, "Min(-cu_k(b) + cu_k(b + 1), "
-             "i - cu_k(b) + cu_k(b + 1) + cu_q(b) - cu_q(b + 1) + 1)")])
-def test_every_loop_over_a_sequence_is_bounded_by_its_offsets(kernel, keys):
+QUERIES, KEYS = "-cu_q(b) + cu_q(b + 1)", "-cu_k(b) + cu_k(b + 1)"
+# causal: a query row's keys up to its last seen, i + n_k - n_q; a key row's queries from
+# the first that sees it, j - (n_k - n_q) (MaskedKeys)
+SEEN_KEYS = f"Min({KEYS}, i - cu_k(b) + cu_k(b + 1) + cu_q(b) - cu_q(b + 1) + 1)"
+SEEING_QUERIES = f"{QUERIES} - Max(0, j + cu_k(b) - cu_k(b + 1) - cu_q(b) + cu_q(b + 1))"
+
+
+@pytest.mark.parametrize("kernel, extents", [
+    ("attention_varlen_fwd", {("i", QUERIES), ("j", KEYS)}),
+    ("attention_varlen_bwd", {("i", QUERIES), ("j", KEYS)}),
+    (KERNEL, {("i", QUERIES), ("j", SEEN_KEYS)}),
+    ("attention_varlen_bwd_causal", {("i", QUERIES), ("j", SEEN_KEYS), ("j", KEYS),
+                                     ("i", SEEING_QUERIES)})])
+def test_every_loop_over_a_sequence_is_bounded_by_its_offsets(kernel, extents):
     """A sequence's query and key loops run over its own rows: no loop over total_q or
     total_k rows that a mask would discard."""
     onf = onf_of(kernel, "dnf")
-    extents = {(str(lp.var), str(lp.stop - lp.start)) for n in onf.nests
-               for lp in walk(n.body) if isinstance(lp, Loop) and str(lp.var) in ("i", "j")}
-    assert extents == {("i", "-cu_q(b) + cu_q(b + 1)"), ("j", keys)}
+    assert extents == {(str(lp.var), str(lp.stop - lp.start)) for n in onf.nests
+                       for lp in walk(n.body) if isinstance(lp, Loop)
+                       and str(lp.var) in ("i", "j")}
 
 
 def test_masked_keys_cuts_only_what_adds_nothing():
@@ -94,8 +103,68 @@ def test_masked_keys_cuts_only_what_adds_nothing():
     scalars = {"scale": 0.5, "offset": 1}
     for name, value in run_onf(before, arrays, scalars).items():
         assert np.array_equal(value, run_onf(after, arrays, scalars)[name])
-    with pytest.raises(NotApplicable, match="no pass over keys a causal mask hides"):
+    with pytest.raises(NotApplicable, match="no pass a causal mask cuts"):
         realize(psi_reduce(varlen.spec(causal=False)), "dnf", (MaskedKeys(),))
+
+
+def _floored_causal_backward(monkeypatch):
+    """attention_cross's causal backward with the varlen's floored softmax: the varlen
+    backward's row form over one sequence (its mask i + offset >= j) without the offsets,
+    which the interpreter does not evaluate."""
+    monkeypatch.setattr(cross, "FLOORED", ("causal",))
+    return psi_reduce(cross.backward_spec("causal"))
+
+
+BACKWARD_STEPS = varlen._backward(causal=False).algorithm
+
+
+@pytest.mark.parametrize("offset", [0, 2])
+def test_masked_keys_cuts_the_backward_passes_bit_for_bit(monkeypatch, offset):
+    """dQ's pass over a row's keys stops at its last key seen, dK's and dV's over a key's
+    queries start at the first that sees it (offset 0 with more keys than queries: the
+    last keys are seen by none, their loops empty): the ONF's results bit for bit the
+    unskipped ones, as the skipped terms are exact zeros. (A row that sees no key, lse
+    -inf: test_varlen_backward's, in C and Fortran.)"""
+    dnf = _floored_causal_backward(monkeypatch)
+    before = realize(dnf, "dnf", BACKWARD_STEPS)
+    after = realize(dnf, "dnf", BACKWARD_STEPS + (MaskedKeys(),))
+    cut = sorted((n.label, str(lp.var), str(lp.start), str(lp.stop)) for n in after.nests
+                 for lp in walk(n.body) if isinstance(lp, Loop)
+                 and (isinstance(lp.stop, sympy.Min) or isinstance(lp.start, sympy.Max)))
+    assert cut == [("dK", "i", "Max(0, j - offset)", "n_q"),
+                   ("dQ", "j", "0", "Min(n, i + offset + 1)"),
+                   ("dV", "i", "Max(0, j - offset)", "n_q")]
+    rng = np.random.default_rng(offset)
+    n_q, n = 5, 8
+    arrays = {a: rng.standard_normal((1, 1, 2, n_q, 3)) for a in ("Q", "O", "dO")}
+    arrays.update({a: rng.standard_normal((1, 1, n, 3)) for a in "KV"},
+                  lse=rng.standard_normal((1, 1, 2, n_q)))
+    scalars = {"scale": 0.5, "offset": offset}
+    expected, got = run_onf(before, arrays, scalars), run_onf(after, arrays, scalars)
+    for name, value in expected.items():
+        assert not np.isnan(value).any() and np.array_equal(got[name], value)
+
+
+def _weight_squared(stmts, p):
+    """Each sum's term p * g made p * g * p."""
+    return tuple(replace(s, body=_weight_squared(s.body, p)) if isinstance(s, Loop) else
+                 replace(s, value=S.Bin("*", s.value, S.Local(p))) if isinstance(s, Store)
+                 else s for s in stmts)
+
+
+def test_masked_keys_refuses_what_it_cannot_cut_by_name(monkeypatch):
+    """A pass whose exponential subtracts an lse not floored (attention_cross's: a row that
+    sees no key would give exp(-inf + inf)), or whose weight is read other than as a term
+    of a sum, is not cut: a nest with nothing else to cut is refused, saying why."""
+    unfloored = psi_reduce(cross.backward_spec("causal"))
+    with pytest.raises(NotApplicable, match="loop j: t's exp subtracts a value, not floored"):
+        realize(unfloored, "dnf", BACKWARD_STEPS + (MaskedKeys(nest="dQ"),))
+    onf = realize(_floored_causal_backward(monkeypatch), "dnf", BACKWARD_STEPS,
+                  upto=len(BACKWARD_STEPS))
+    onf = onf.with_nests([replace(n, body=_weight_squared(n.body, "t4")) if n.label == "dV"
+                          else n for n in onf.nests], "dV's weight squared")
+    with pytest.raises(NotApplicable, match="loop i: t4 is read other than as a term"):
+        MaskedKeys(nest="dV")(onf)
 
 
 @pytest.mark.parametrize("lang", ["c", "fortran"])

@@ -130,12 +130,15 @@ def _flash(causal):
 # heads (each summing its group's query heads, then their rows: no two threads write one
 # row, no atomics); delta (one number a query row) recomputed where used, as a temporary
 # could not be sized before the call (its rows are the offsets' values); on a GPU a thread
-# block a (sequence, head), its threads sharing the rows
-def _backward():
+# block a (sequence, head), its threads sharing the rows; causal, dQ's pass over a row's
+# keys stops at its last key seen, dK's and dV's over a key's queries start at the first
+# that sees it (MaskedKeys)
+def _backward(causal):
     per_key = tuple(step for nest in ("dK", "dV") for step in (
         Accumulate("c", over="r", nest=nest), Accumulate("c", over="i", nest=nest)))
     return Layers(
-        algorithm=(Accumulate("c", over="j", nest="dQ"), *per_key, Hoist()),
+        algorithm=(Accumulate("c", over="j", nest="dQ"), *per_key, Hoist())
+        + ((MaskedKeys(),) if causal else ()),
         mapping={"cpu": (Parallel(HEADS, nest="dQ"), Parallel(KV_HEADS, nest="dK"),
                          Parallel(KV_HEADS, nest="dV")),
                  "cuda": (GpuBlocks(HEADS, nest="dQ", block=ROW_THREADS, across="i"),
@@ -145,7 +148,7 @@ def _backward():
 
 KERNELS = [kernel for causal in (False, True) for kernel in (
     (spec(causal), {"dnf": (frozenset(), _forward(causal)), "flash": _flash(causal)}),
-    (backward_spec(causal), {"dnf": (frozenset(), _backward())}))]
+    (backward_spec(causal), {"dnf": (frozenset(), _backward(causal))}))]
 
 
 def _sizes(q_lens, k_lens, kv_heads=1, group=1, d=3):
