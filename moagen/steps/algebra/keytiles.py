@@ -181,13 +181,17 @@ def _nested(loops, body):
     return body
 
 
+def _shape_cut(array, k, onf):
+    """(array's shape, its axes but axis k, the one a panel cuts into tiles)."""
+    shape = next(b.shape for b in onf.inputs + onf.outputs + onf.temps if b.name == array)
+    return shape, shape[:k] + shape[k + 1:]
+
+
 def plain_pack(step, array, k, at, work):
     """(the panel buffer, the nest body copying `array` into it), parallel over the loops
     down to the tiles."""
-    buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
-    shape = next(b.shape for b in buffers if b.name == array)
+    shape, rest = _shape_cut(array, k, work.onf)
     f, names = step.lanes, work.names
-    rest = shape[:k] + shape[k + 1:]
     panel = Buffer(names.claim(names.new(f"{array}_panel")),
                    rest[:at] + (idiv(shape[k], f),) + rest[at:] + (sympy.Integer(f),))
     axes = _axes(names, len(shape))
@@ -206,10 +210,8 @@ def sequence_pack(step, array, k, at, work, sequence):
     tiles of one sequence after those of the ones before it: cu(s + 1) // lanes + s + 1 is
     past cu(s) // lanes + s + (cu(s + 1) - cu(s)) // lanes); its rows after them are read in
     place. Parallel over the sequences."""
-    buffers = work.onf.inputs + work.onf.outputs + work.onf.temps
-    shape = next(b.shape for b in buffers if b.name == array)
+    _, rest = _shape_cut(array, k, work.onf)
     f, names = step.lanes, work.names
-    rest = shape[:k] + shape[k + 1:]
     cu, count, into = sequence
     panel = Buffer(names.claim(names.new(f"{array}_panel")),
                    rest[:at] + (idiv(into, f) + count,) + rest[at:] + (sympy.Integer(f),))
